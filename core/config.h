@@ -1,0 +1,67 @@
+/*
+ * The configuration of one context, parsed from the environment in one place
+ * (config.c holds the only table of variables and the only getenv in tern).
+ */
+#ifndef TERN_CORE_CONFIG_H
+#define TERN_CORE_CONFIG_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <tern/env.h>
+#include <tern/log.h>
+
+#define TERN__UNSET (-1)
+
+/* What one launcher told us; TERN__UNSET where it said nothing. */
+typedef struct tern__launch_ids {
+    int64_t rank;
+    int64_t world_size;
+    int64_t local_rank;
+    int64_t local_world_size;
+} tern__launch_ids_t;
+
+typedef enum tern__launcher {
+    TERN__LAUNCHER_TERN,
+    TERN__LAUNCHER_TORCHRUN,
+    TERN__LAUNCHER_OMPI,
+    TERN__LAUNCHER_PMI,
+    TERN__LAUNCHER_SLURM,
+    TERN__LAUNCHER_COUNT
+} tern__launcher_t;
+
+typedef struct tern__config {
+    int64_t log_level; /* tern_log_level_t */
+    tern__launch_ids_t launch[TERN__LAUNCHER_COUNT];
+    char master_addr[256];
+    int64_t master_port;
+    int64_t connect_timeout_ns;
+    int64_t timeout_ns;
+    int64_t threads; /* 0: from the topology */
+    char affinity_device[128];
+    bool bind;
+} tern__config_t;
+
+/* Name of a launcher for messages ("torchrun"). */
+const char *tern__launcher_name(tern__launcher_t launcher);
+
+/* Returns the value of variable name, or NULL if unset. */
+typedef const char *(*tern__env_lookup_fn)(const char *name, void *arg);
+
+/*
+ * Fill cfg with every variable's default, then parse each one set in the
+ * environment. On a bad value returns TERN_ERR_CONFIG with a detail naming the
+ * variable, the value and what was expected; cfg is then unspecified.
+ */
+tern_status_t tern__config_load(tern__config_t *cfg);
+tern_status_t tern__config_load_from(tern__config_t *cfg, tern__env_lookup_fn lookup, void *arg);
+
+/* Typed parsers (exposed for tests). Each rejects empty input and trailing junk. */
+tern_status_t tern__parse_int(const char *s, int64_t min, int64_t max, int64_t *out);
+tern_status_t tern__parse_bool(const char *s, bool *out);
+/* "250ms", "30s", "5m", "1h", "100us", "10ns"; a bare number is seconds. */
+tern_status_t tern__parse_duration(const char *s, int64_t *ns);
+/* "4096", "8k", "8KiB", "16M", "1g" (powers of 1024). */
+tern_status_t tern__parse_size(const char *s, uint64_t *out);
+
+#endif

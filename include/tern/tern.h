@@ -1,0 +1,15 @@
+/* tern: tensors between processes at RDMA speed. Include this one header. */
+#ifndef TERN_TERN_H
+#define TERN_TERN_H
+
+#include <tern/build_config.h>
+#include <tern/clock.h>
+#include <tern/context.h>
+#include <tern/defs.h>
+#include <tern/env.h>
+#include <tern/log.h>
+#include <tern/pool.h>
+#include <tern/status.h>
+#include <tern/store.h>
+
+#endif

@@ -1,0 +1,1 @@
+# thread pool and topology tests
