@@ -1,0 +1,63 @@
+/*
+ * The store's wire protocol. Every integer is big-endian.
+ *
+ * request : magic u32 | op u8 | version u8 | nkeys u16 | body_len u32 | 0 u32 | arg i64
+ *           body = nkeys x (len u32, key bytes) then, for SET, the value bytes
+ * response: magic u32 | status i32 | body_len u32 | 0 u32 | value i64
+ *           body = the value (GET) or the error detail (status < 0)
+ *
+ * arg: HELLO rank << 32 | world_size; GET/WAIT timeout in ns; ADD delta.
+ * value: ADD the new total; CHECK 1 if the key exists.
+ * A client has at most one request outstanding. The first request on a
+ * connection must be HELLO; anything malformed closes the connection.
+ */
+#ifndef TERN_CORE_STORE_PROTO_H
+#define TERN_CORE_STORE_PROTO_H
+
+#include <stdint.h>
+#include <string.h>
+
+#include <tern/store.h>
+
+#define TERN__STORE_MAGIC 0x5445524eu /* "TERN" */
+#define TERN__STORE_VERSION 1
+#define TERN__STORE_HDR_SIZE 24
+#define TERN__STORE_MAX_KEYS 1024u
+/* Bounds what a peer can make the other side allocate for one message. */
+#define TERN__STORE_BODY_MAX \
+    ((uint32_t)TERN_STORE_VALUE_MAX + TERN__STORE_MAX_KEYS * (4u + TERN_STORE_KEY_MAX))
+
+enum tern__store_op {
+    TERN__STORE_HELLO = 1,
+    TERN__STORE_SET = 2,
+    TERN__STORE_GET = 3,
+    TERN__STORE_ADD = 4,
+    TERN__STORE_WAIT = 5,
+    TERN__STORE_CHECK = 6,
+};
+
+static inline void tern__put32(uint8_t *p, uint32_t v)
+{
+    p[0] = (uint8_t)(v >> 24);
+    p[1] = (uint8_t)(v >> 16);
+    p[2] = (uint8_t)(v >> 8);
+    p[3] = (uint8_t)v;
+}
+
+static inline uint32_t tern__get32(const uint8_t *p)
+{
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+
+static inline void tern__put64(uint8_t *p, uint64_t v)
+{
+    tern__put32(p, (uint32_t)(v >> 32));
+    tern__put32(p + 4, (uint32_t)v);
+}
+
+static inline uint64_t tern__get64(const uint8_t *p)
+{
+    return (uint64_t)tern__get32(p) << 32 | tern__get32(p + 4);
+}
+
+#endif
