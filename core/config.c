@@ -275,6 +275,9 @@ static tern_status_t set_field(const field_t *f, const char *s, tern__config_t *
 tern_status_t tern__config_load_from(tern__config_t *cfg, tern__env_lookup_fn lookup, void *arg)
 {
     memset(cfg, 0, sizeof(*cfg));
+    /* Not every launcher has every variable (Slurm has no local size). */
+    for (int l = 0; l < TERN__LAUNCHER_COUNT; l++)
+        cfg->launch[l] = (tern__launch_ids_t){TERN__UNSET, TERN__UNSET, TERN__UNSET, TERN__UNSET};
     for (size_t i = 0; i < NFIELDS; i++) {
         const field_t *f = &fields[i];
         const char *v = lookup(f->name, arg);

@@ -1,0 +1,40 @@
+# A thin wrapper around CMake: the two commands a newcomer needs.
+#   make demo    install missing dependencies, build, run the main job
+#   make check   build and run the whole CTest suite
+# BUILD=dir picks the build directory; SANITIZE=address,undefined or thread
+# builds with sanitizers; CTEST_FLAGS passes options to ctest (e.g. -L core).
+
+BUILD ?= build
+JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+CMAKE_FLAGS ?=
+CTEST_FLAGS ?=
+SANITIZE ?=
+
+ifneq ($(SANITIZE),)
+CMAKE_FLAGS += -DTERN_SANITIZE=$(SANITIZE)
+endif
+
+.PHONY: all deps configure build demo check install clean
+
+all: build
+
+deps:
+	@ci/install-deps.sh
+
+configure: deps
+	cmake -S . -B $(BUILD) $(CMAKE_FLAGS)
+
+build: configure
+	cmake --build $(BUILD) -j $(JOBS)
+
+demo: build
+	$(BUILD)/tools/tern-run -n 4 --timeout 5m $(BUILD)/examples/tern-smoke
+
+check: build
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) $(CTEST_FLAGS)
+
+install: build
+	cmake --install $(BUILD) $(if $(PREFIX),--prefix $(PREFIX))
+
+clean:
+	rm -rf $(BUILD)
