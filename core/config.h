@@ -35,6 +35,9 @@ typedef struct tern__config {
     tern__launch_ids_t launch[TERN__LAUNCHER_COUNT];
     char master_addr[256];
     int64_t master_port;
+    char tern_master_addr[256]; /* "" unless TERN_MASTER_ADDR overrides MASTER_ADDR */
+    int64_t tern_master_port;   /* TERN__UNSET unless TERN_MASTER_PORT overrides */
+    bool torch_agent_store;     /* torchrun's agent already serves MASTER_PORT */
     int64_t connect_timeout_ns;
     int64_t timeout_ns;
     int64_t threads; /* 0: from the topology */

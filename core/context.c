@@ -152,9 +152,23 @@ static tern_status_t discover_local(tern_ctx_t *ctx, ids_t *ids)
 static tern_status_t setup_store(tern_ctx_t *ctx, const tern_init_params_t *p)
 {
     const uint64_t m = p ? p->field_mask : 0;
-    const char *addr = (m & TERN_INIT_PARAM_MASTER_ADDR) && p->master_addr ? p->master_addr
-                                                                          : ctx->cfg.master_addr;
-    unsigned port = (m & TERN_INIT_PARAM_MASTER_PORT) ? p->master_port : (unsigned)ctx->cfg.master_port;
+    const char *addr = ctx->cfg.tern_master_addr[0] ? ctx->cfg.tern_master_addr
+                                                    : ctx->cfg.master_addr;
+    unsigned port = (unsigned)ctx->cfg.master_port;
+    if (ctx->cfg.tern_master_port != TERN__UNSET) {
+        port = (unsigned)ctx->cfg.tern_master_port;
+    } else if (ctx->cfg.torch_agent_store) {
+        /* torchrun's agent already serves PyTorch's TCPStore on MASTER_PORT.
+         * Every rank sees the same MASTER_PORT, so the next port is agreed on
+         * without any more configuration. */
+        port = (unsigned)ctx->cfg.master_port + 1;
+        tern_info("torchrun's agent serves MASTER_PORT %u; tern's store uses %u "
+                  "(set TERN_MASTER_PORT to choose)", port - 1, port);
+    }
+    if ((m & TERN_INIT_PARAM_MASTER_ADDR) && p->master_addr != NULL)
+        addr = p->master_addr;
+    if (m & TERN_INIT_PARAM_MASTER_PORT)
+        port = p->master_port;
     int64_t connect_timeout = (m & TERN_INIT_PARAM_CONNECT_TIMEOUT) ? p->connect_timeout_ns
                                                                      : ctx->cfg.connect_timeout_ns;
     tern_status_t st;

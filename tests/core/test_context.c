@@ -23,7 +23,7 @@
 typedef struct rank_arg {
     unsigned rank;
     tern_store_t *store; /* NULL: TCP on port */
-    unsigned port;
+    unsigned port; /* 0 with store NULL: the port comes from the environment */
     unsigned local_rank, local_world;
     int ok;
     char why[256];
@@ -45,11 +45,13 @@ static void *rank_main(void *arg)
         p.field_mask |= TERN_INIT_PARAM_STORE;
         p.store = a->store;
     } else {
-        p.field_mask |= TERN_INIT_PARAM_MASTER_ADDR | TERN_INIT_PARAM_MASTER_PORT |
-                        TERN_INIT_PARAM_CONNECT_TIMEOUT;
+        p.field_mask |= TERN_INIT_PARAM_MASTER_ADDR | TERN_INIT_PARAM_CONNECT_TIMEOUT;
         p.master_addr = "127.0.0.1";
-        p.master_port = a->port;
         p.connect_timeout_ns = 10 * SEC;
+        if (a->port != 0) {
+            p.field_mask |= TERN_INIT_PARAM_MASTER_PORT;
+            p.master_port = a->port;
+        }
     }
     if (tern_init(&p, &ctx) != TERN_OK) {
         snprintf(a->why, sizeof(a->why), "init: %s", tern_last_error());
@@ -124,7 +126,8 @@ static const char *const launcher_vars[] = {
     "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
     "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
     "OMPI_COMM_WORLD_LOCAL_SIZE", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS",
-    "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "TERN_LOG", "MASTER_PORT", NULL};
+    "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "TERN_LOG", "MASTER_PORT",
+    "TERN_MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE", NULL};
 
 static int clear_env(void **state)
 {
@@ -282,6 +285,51 @@ static void test_finalize_timeout(void **state)
     tern_store_close(store);
 }
 
+/* A listening socket on a port whose successor is free: stands in for the
+ * store torchrun's agent serves on MASTER_PORT. */
+static int occupy_port_before_free_one(unsigned *port)
+{
+    for (int tries = 0; tries < 100; tries++) {
+        struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+        socklen_t len = sizeof(a);
+        int fd = socket(AF_INET, SOCK_STREAM, 0), probe;
+        if (bind(fd, (struct sockaddr *)&a, sizeof(a)) != 0 || listen(fd, 1) != 0 ||
+            getsockname(fd, (struct sockaddr *)&a, &len) != 0) {
+            close(fd);
+            continue;
+        }
+        *port = ntohs(a.sin_port);
+        a.sin_port = htons((uint16_t)(*port + 1));
+        probe = socket(AF_INET, SOCK_STREAM, 0);
+        int next_free = *port < 65535 && bind(probe, (struct sockaddr *)&a, sizeof(a)) == 0;
+        close(probe);
+        if (next_free)
+            return fd;
+        close(fd);
+    }
+    fail_msg("found no port whose successor is free");
+    return -1;
+}
+
+static void test_torchrun_agent_store(void **state)
+{
+    unsigned port = 0;
+    char buf[16];
+    int fd = occupy_port_before_free_one(&port);
+    (void)state;
+    snprintf(buf, sizeof(buf), "%u", port);
+    setenv("MASTER_PORT", buf, 1);
+    /* torchrun says its agent serves MASTER_PORT: tern takes the next port. */
+    setenv("TORCHELASTIC_USE_AGENT_STORE", "True", 1);
+    run_world(NULL, 0);
+    /* TERN_MASTER_PORT names tern's own port outright. */
+    unsetenv("TORCHELASTIC_USE_AGENT_STORE");
+    snprintf(buf, sizeof(buf), "%u", test_free_port());
+    setenv("TERN_MASTER_PORT", buf, 1);
+    run_world(NULL, 0);
+    close(fd);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -292,6 +340,7 @@ int main(void)
         cmocka_unit_test_setup(test_unreachable_master, clear_env),
         cmocka_unit_test_setup(test_master_port_in_use, clear_env),
         cmocka_unit_test_setup(test_finalize_timeout, clear_env),
+        cmocka_unit_test_setup_teardown(test_torchrun_agent_store, clear_env, clear_env),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

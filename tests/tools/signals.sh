@@ -1,0 +1,81 @@
+# Signals sent to tern-run reach every rank.
+set -euo pipefail
+. "$(dirname "$0")/lib.sh"
+
+# start ARGS...: run tern-run in the background; its pid in $job.
+start() {
+    "$RUN" "$@" >"$TMP/out" 2>"$TMP/err" &
+    job=$!
+}
+
+finish() { # expected-status what
+    local rc=0
+    wait "$job" || rc=$?
+    expect_rc "$1" "$rc" "$2"
+}
+
+# SIGTERM is forwarded, and ends the job: tern-run exits 128+15, killing the
+# ranks that are still running after the grace.
+start --kill-grace 1s -n 3 "$PROBE" waitsig sleep 30
+wait_for "$TMP/out" 'ready$' 3 10
+kill -TERM "$job"
+finish 143 "SIGTERM"
+for r in 0 1 2; do
+    has "$TMP/out" "^\[$r\] rank $r got SIGTERM$" "rank $r got SIGTERM"
+done
+has "$TMP/err" '^tern-run: received SIGTERM; forwarded it to 3 ranks$' "SIGTERM message"
+has "$TMP/err" '^tern-run: 3 ranks still running 1s after SIGTERM; sending SIGKILL$' "SIGKILL after the grace"
+
+# SIGUSR1 is forwarded and the job goes on.
+start -n 2 "$PROBE" waitsig echo finished
+wait_for "$TMP/out" 'ready$' 2 10
+kill -USR1 "$job"
+finish 0 "SIGUSR1"
+for r in 0 1; do
+    has "$TMP/out" "^\[$r\] rank $r got SIGUSR1$" "rank $r got SIGUSR1"
+    has "$TMP/out" "^\[$r\] finished$" "rank $r went on after SIGUSR1"
+done
+
+# SIGHUP: the ranks that catch it and exit 0 still leave tern-run's 128+1.
+start -n 2 "$PROBE" waitsig
+wait_for "$TMP/out" 'ready$' 2 10
+kill -HUP "$job"
+finish 129 "SIGHUP"
+has "$TMP/out" '^\[1\] rank 1 got SIGHUP$' "rank 1 got SIGHUP"
+
+# The default action: ranks that do not catch SIGTERM die of it.
+start -n 2 "$PROBE" pidfile "$TMP" sleep 30
+deadline=$(($(now_ms) + 10000))
+while [ ! -s "$TMP/rank.0.pid" ] || [ ! -s "$TMP/rank.1.pid" ]; do
+    [ "$(now_ms)" -lt "$deadline" ] || fail "ranks did not start"
+    sleep 0.05
+done
+kill -TERM "$job"
+finish 143 "SIGTERM to sleeping ranks"
+gone "$(pid_in "$TMP/rank.0.pid")" || fail "rank 0 survived SIGTERM"
+gone "$(pid_in "$TMP/rank.1.pid")" || fail "rank 1 survived SIGTERM"
+# SIGINT (Ctrl-C): a background job of a non-interactive shell starts with
+# SIGINT ignored, so give tern-run the default action as a terminal would.
+if env --default-signal=INT true 2>/dev/null; then
+    env --default-signal=INT "$RUN" -n 2 "$PROBE" waitsig >"$TMP/out" 2>"$TMP/err" &
+    job=$!
+    wait_for "$TMP/out" 'ready$' 2 10
+    kill -INT "$job"
+    finish 130 "SIGINT"
+    has "$TMP/out" '^\[0\] rank 0 got SIGINT$' "rank 0 got SIGINT"
+    has "$TMP/out" '^\[1\] rank 1 got SIGINT$' "rank 1 got SIGINT"
+else
+    echo "note: env --default-signal unsupported; SIGINT forwarding not tested"
+fi
+
+# A signal ignored when tern-run starts (as under nohup) stays ignored, for
+# tern-run and the ranks: the job goes on.
+(trap '' HUP && exec "$RUN" -n 2 "$PROBE" waitsig echo finished) >"$TMP/out" 2>"$TMP/err" &
+job=$!
+wait_for "$TMP/out" 'ready$' 2 10
+kill -HUP "$job"
+sleep 0.2
+kill -USR1 "$job"
+finish 0 "SIGHUP ignored at start, then SIGUSR1"
+lacks "$TMP/out" 'got SIGHUP' "SIGHUP was ignored"
+echo "PASS"
