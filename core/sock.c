@@ -216,9 +216,8 @@ tern_status_t tern__sock_writev_all(int fd, struct iovec *iov, int iovcnt, uint6
                     return st;
                 continue;
             }
-            return tern__error_errno(tern__status_from_errno(errno) == TERN_ERR_PEER_LOST
-                                         ? TERN_ERR_PEER_LOST
-                                         : TERN_ERR_IO,
+            return tern__error_errno(errno == EPIPE || errno == ECONNRESET ? TERN_ERR_PEER_LOST
+                                                                           : TERN_ERR_IO,
                                      errno, "store: send");
         }
         while (iovcnt > 0 && (size_t)n >= iov->iov_len) {

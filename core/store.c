@@ -219,14 +219,34 @@ tern_status_t tern_store_memory_create(unsigned world_size, int64_t timeout_ns,
     return TERN_OK;
 }
 
-/* Wait on the memory store's condition until deadline; false once it passed. */
-static bool mem_wait(tern_store_t *s, uint64_t deadline)
+/*
+ * With the memory store's lock held, wait until every key exists or timeout_ns
+ * passes (TERN_ERR_TIMEOUT naming the first missing key, in the words the TCP
+ * server uses). The lock is released while waiting.
+ */
+static tern_status_t mem_wait_keys(tern_store_t *s, const char *const *keys, size_t nkeys,
+                                   int64_t timeout_ns, const char *what)
 {
+    uint64_t deadline = tern__deadline(timeout_ns);
     struct timespec ts = {(time_t)(deadline / 1000000000u), (long)(deadline % 1000000000u)};
-    if (tern_clock_ns() >= deadline)
-        return false;
-    pthread_cond_timedwait(&s->cond, &s->lock, &ts);
-    return true;
+
+    for (;;) {
+        size_t i;
+        for (i = 0; i < nkeys; i++)
+            if (tern__kv_peek(s->kv, keys[i], NULL) == NULL)
+                break;
+        if (i == nkeys)
+            return TERN_OK;
+        if (tern_clock_ns() >= deadline) {
+            if (nkeys == 1)
+                return tern__error(TERN_ERR_TIMEOUT, "store: %s('%s') timed out after %" PRId64 " ms",
+                                   what, keys[i], timeout_ns / 1000000);
+            return tern__error(TERN_ERR_TIMEOUT,
+                               "store: %s timed out after %" PRId64 " ms; '%s' never set", what,
+                               timeout_ns / 1000000, keys[i]);
+        }
+        pthread_cond_timedwait(&s->cond, &s->lock, &ts);
+    }
 }
 
 tern_status_t tern__store_join(tern_store_t *store, unsigned rank, unsigned world_size)
@@ -302,20 +322,13 @@ tern_status_t tern_store_get(tern_store_t *store, const char *key, void **value,
             *len = n;
         return st;
     }
-    uint64_t deadline = tern__deadline(t);
+    const char *keys[1] = {key};
     pthread_mutex_lock(&store->lock);
-    for (;;) {
+    st = mem_wait_keys(store, keys, 1, t, "get");
+    if (st == TERN_OK) {
         size_t n;
         const void *v = tern__kv_peek(store->kv, key, &n);
-        if (v != NULL) {
-            st = tern__kv_copy(v, n, value, len);
-            break;
-        }
-        if (!mem_wait(store, deadline)) {
-            st = tern__error(TERN_ERR_TIMEOUT, "store: get('%s') timed out after %" PRId64 " ms",
-                             key, t / 1000000);
-            break;
-        }
+        st = tern__kv_copy(v, n, value, len);
     }
     pthread_mutex_unlock(&store->lock);
     return st;
@@ -354,24 +367,8 @@ tern_status_t tern_store_wait(tern_store_t *store, const char *const *keys, size
     if (store->kv == NULL)
         return tcp_request(store, TERN__STORE_WAIT, keys, (unsigned)nkeys, NULL, 0, t,
                            tern__deadline(t + REPLY_GRACE_NS), NULL, NULL, NULL);
-    uint64_t deadline = tern__deadline(t);
     pthread_mutex_lock(&store->lock);
-    for (;;) {
-        size_t i;
-        for (i = 0; i < nkeys; i++)
-            if (tern__kv_peek(store->kv, keys[i], NULL) == NULL)
-                break;
-        if (i == nkeys) {
-            st = TERN_OK;
-            break;
-        }
-        if (!mem_wait(store, deadline)) {
-            st = tern__error(TERN_ERR_TIMEOUT,
-                             "store: wait timed out after %" PRId64 " ms; '%s' never set",
-                             t / 1000000, keys[i]);
-            break;
-        }
-    }
+    st = mem_wait_keys(store, keys, nkeys, t, "wait");
     pthread_mutex_unlock(&store->lock);
     return st;
 }
