@@ -25,11 +25,14 @@ const char *tern_log_level_name(tern_log_level_t level)
 
 void tern_log_set_level(tern_log_level_t level)
 {
-    if (level < TERN_LOG_ERROR)
-        level = TERN_LOG_ERROR;
-    if (level > TERN_LOG_TRACE)
-        level = TERN_LOG_TRACE;
-    atomic_store(&tern__log_level, (int)level);
+    /* Compared as int: the enum's type may be unsigned, which would make a
+     * negative level look like a very verbose one. */
+    int v = (int)level;
+    if (v < TERN_LOG_ERROR)
+        v = TERN_LOG_ERROR;
+    if (v > TERN_LOG_TRACE)
+        v = TERN_LOG_TRACE;
+    atomic_store(&tern__log_level, v);
 }
 
 tern_log_level_t tern_log_get_level(void)
