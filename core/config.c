@@ -17,6 +17,7 @@ typedef enum field_type {
     FIELD_ENUM,     /* int64_t index into values "a|b|c" */
     FIELD_STRING,   /* char[size] */
     FIELD_DURATION, /* int64_t nanoseconds */
+    FIELD_SIZE,     /* uint64_t bytes */
 } field_type_t;
 
 typedef struct field {
@@ -65,6 +66,17 @@ static const field_t fields[] = {
     {.name = "TERN_TIMEOUT", .group = "tern", .type = FIELD_DURATION, .dflt = "300s",
      .offset = OFF(timeout_ns),
      .doc = "default timeout of blocking store calls (get, wait, barrier) and of finalize"},
+    {.name = "TERN_TRANSPORT", .group = "tern", .type = FIELD_ENUM, .dflt = "auto",
+     .values = "auto|verbs|ucx|tcp", .offset = OFF(transport),
+     .doc = "transport provider; auto takes verbs, then ucx, then tcp, and logs why; a named "
+            "one that cannot start is an error"},
+    {.name = "TERN_POLL", .group = "tern", .type = FIELD_ENUM, .dflt = "blocking",
+     .values = "blocking|busy", .offset = OFF(poll),
+     .doc = "progress: sleep on the transport's fd, or spin for the lowest latency"},
+    {.name = "TERN_TCP_SOCKBUF", .group = "tern", .type = FIELD_SIZE, .dflt = "4M",
+     .offset = OFF(tcp_sockbuf),
+     .doc = "tcp provider: SO_SNDBUF/SO_RCVBUF of each connection; 0 leaves the kernel's "
+            "autotuning"},
     {.name = "TERN_MASTER_ADDR", .group = "tern", .type = FIELD_STRING, .dflt = "",
      .offset = OFF(tern_master_addr), .size = sizeof(((tern__config_t *)0)->tern_master_addr),
      .doc = "host of tern's store, when it must differ from MASTER_ADDR"},
@@ -273,6 +285,8 @@ static tern_status_t set_field(const field_t *f, const char *s, tern__config_t *
         return parse_enum(s, f->values, (int64_t *)base);
     case FIELD_DURATION:
         return tern__parse_duration(s, (int64_t *)base);
+    case FIELD_SIZE:
+        return tern__parse_size(s, (uint64_t *)base);
     case FIELD_STRING:
         if (strlen(s) >= f->size)
             return tern__error(TERN_ERR_CONFIG, "value is longer than %zu bytes", f->size - 1);
@@ -339,6 +353,8 @@ static const char *type_name(const field_t *f)
         return "string";
     case FIELD_DURATION:
         return "duration";
+    case FIELD_SIZE:
+        return "size";
     }
     return "?";
 }

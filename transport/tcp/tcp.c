@@ -1,0 +1,1372 @@
+/*
+ * The tcp provider: RDMA reliable-connection semantics emulated over TCP.
+ *
+ * Each endpoint opens one connection to its peer and sends its own requests
+ * (SEND, PUT, GET) on it; the replies (PUT_ACK, GET_DATA) come back on the same
+ * socket, in request order, because the target handles one connection's
+ * requests in order. The peer's requests arrive on the connection it opened to
+ * us (accepted on our listening socket), so there is no tie-breaking between
+ * two sides connecting at once.
+ *
+ * Data moves without extra copies where it is large: payloads are written with
+ * writev straight from the user's buffer (or, for GET_DATA, from the registered
+ * region), and a PUT's payload is read straight into the target region once its
+ * key, bounds and access have been checked; a refused PUT's payload is read into
+ * a scratch buffer and dropped, so the stream stays in step and the connection
+ * usable. Small frames go through a 64 KiB receive buffer to save system calls.
+ *
+ * Frame: a 56-byte little-endian header, then `payload` bytes.
+ */
+#include <arpa/inet.h>
+#include <endian.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ifaddrs.h>
+#include <inttypes.h>
+#include <net/if.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+/* uthash exits the process on allocation failure unless told otherwise. */
+static _Thread_local bool kv_oom;
+#define HASH_NONFATAL_OOM 1
+#define uthash_nonfatal_oom(elt) (kv_oom = true)
+#include <uthash.h>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "transport/provider.h"
+
+#define HDR_SIZE 56
+#define RXBUF_SIZE (64u << 10)
+#define MAX_SEND (1u << 20)          /* eager limit of tern_ep_send */
+#define MAX_PUT ((size_t)1 << 40)    /* a single put or get */
+#define ADDR_MAGIC 0x54544350u       /* "TTCP" */
+#define ADDR_VERSION 1
+#define KEY_MAGIC 0x544b4559u        /* "TKEY" */
+#define KEY_SIZE 32
+#define READS_PER_CALL 16            /* socket reads per connection per progress call */
+
+enum frame_type {
+    F_HELLO = 1,   /* payload: self_id u32, instance u64 */
+    F_BYE = 2,     /* graceful close: no error event at the other side */
+    F_SEND = 3,    /* imm, payload */
+    F_PUT = 4,     /* op_id, key, raddr, size, flags(IMM), imm, payload = size bytes */
+    F_PUT_ACK = 5, /* op_id, status */
+    F_GET = 6,     /* op_id, key, raddr, size */
+    F_GET_DATA = 7 /* op_id, status, payload = size bytes when status is OK */
+};
+#define FLAG_IMM 1u
+
+typedef struct frame {
+    uint8_t type, flags;
+    int32_t status;
+    uint32_t imm;
+    uint64_t op_id, key, raddr, size, payload;
+} frame_t;
+
+static void frame_encode(const frame_t *f, uint8_t *h)
+{
+    uint64_t v;
+    memset(h, 0, HDR_SIZE);
+    h[0] = f->type;
+    h[1] = f->flags;
+    uint32_t st = htole32((uint32_t)f->status), imm = htole32(f->imm);
+    memcpy(h + 4, &st, 4);
+    memcpy(h + 8, &imm, 4);
+    v = htole64(f->op_id), memcpy(h + 16, &v, 8);
+    v = htole64(f->key), memcpy(h + 24, &v, 8);
+    v = htole64(f->raddr), memcpy(h + 32, &v, 8);
+    v = htole64(f->size), memcpy(h + 40, &v, 8);
+    v = htole64(f->payload), memcpy(h + 48, &v, 8);
+}
+
+static void frame_decode(const uint8_t *h, frame_t *f)
+{
+    uint32_t u32;
+    uint64_t u64;
+    f->type = h[0];
+    f->flags = h[1];
+    memcpy(&u32, h + 4, 4), f->status = (int32_t)le32toh(u32);
+    memcpy(&u32, h + 8, 4), f->imm = le32toh(u32);
+    memcpy(&u64, h + 16, 8), f->op_id = le64toh(u64);
+    memcpy(&u64, h + 24, 8), f->key = le64toh(u64);
+    memcpy(&u64, h + 32, 8), f->raddr = le64toh(u64);
+    memcpy(&u64, h + 40, 8), f->size = le64toh(u64);
+    memcpy(&u64, h + 48, 8), f->payload = le64toh(u64);
+}
+
+struct tcp_mr;
+
+/* Something to write: a header and up to one payload, with what to do when it
+ * is out (complete a send) or answered (a put or get, moved to the pending
+ * queue). */
+typedef struct txreq {
+    struct txreq *next;
+    uint8_t hdr[HDR_SIZE];
+    struct iovec iov[2];
+    int iovcnt;
+    uint8_t type;
+    uint64_t op_id;
+    tern__comp_t comp;
+    void *get_buf;       /* F_GET: where the data goes */
+    uint64_t get_size;
+    struct tcp_mr *pin;  /* F_GET_DATA: the region being read, kept alive */
+    uint8_t small[16];   /* a small payload owned by the request (HELLO) */
+} txreq_t;
+
+typedef enum conn_state { C_CONNECTING, C_OPEN, C_DEAD } conn_state_t;
+
+typedef enum rx_state { RX_HDR, RX_PAYLOAD } rx_state_t;
+
+typedef struct conn {
+    struct conn *next;
+    struct tcp_tp *tp;
+    struct tcp_ep *ep; /* outgoing: its endpoint; incoming: NULL */
+    int fd;
+    conn_state_t state;
+    bool incoming;
+    bool hello_seen;
+    bool bye_seen;
+    bool want_out;
+    uint32_t peer; /* incoming: from HELLO */
+    /* transmit */
+    txreq_t *tx_head, *tx_tail;
+    txreq_t *pend_head, *pend_tail; /* puts and gets awaiting their reply, in order */
+    /* receive */
+    uint8_t *rxbuf;
+    size_t rx_off, rx_len; /* unconsumed bytes are rxbuf[rx_off..rx_len) */
+    rx_state_t rx_state;
+    frame_t cur;
+    uint8_t *dst;          /* where the current payload goes; NULL: scratch */
+    uint64_t got;          /* payload bytes received */
+    uint8_t *big;          /* F_SEND payloads that do not fit rxbuf */
+    size_t big_cap;
+    bool refused;          /* current PUT failed its checks */
+    tern_status_t refusal;
+    struct tcp_mr *cur_mr; /* current PUT's region, pinned */
+    txreq_t *cur_op;       /* current GET_DATA's request */
+} conn_t;
+
+typedef struct tcp_ep {
+    tern_ep_t base;
+    struct tcp_ep *next;
+    conn_t *conn;
+    tern_status_t failed; /* sticky once the connection is lost */
+} tcp_ep_t;
+
+typedef struct tcp_mr {
+    tern_mr_t base;
+    UT_hash_handle hh;
+    uint64_t key;
+    unsigned pins;  /* remote operations in flight on it */
+    bool revoked;   /* unregistered while pinned: free at the last unpin */
+} tcp_mr_t;
+
+typedef struct tcp_rkey {
+    tern_rkey_t base;
+    uint64_t key;
+} tcp_rkey_t;
+
+typedef struct tcp_tp {
+    tern_transport_t base;
+    int lfd, epfd;
+    int busy_poll;
+    size_t sockbuf;
+    uint64_t instance;
+    uint64_t next_key, next_op;
+    uint8_t addr[64];
+    size_t addr_len;
+    conn_t *conns;
+    tcp_ep_t *eps;
+    tcp_mr_t *keys; /* uthash on key */
+    uint8_t *scratch; /* refused PUT payloads are drained here */
+    int events;     /* events delivered in this progress call */
+} tcp_tp_t;
+
+static inline tcp_tp_t *to_tcp_tp(tern_transport_t *tp)
+{
+    return (tcp_tp_t *)tp;
+}
+
+static inline tcp_ep_t *to_tcp_ep(tern_ep_t *ep)
+{
+    return (tcp_ep_t *)ep;
+}
+
+static inline tcp_mr_t *to_tcp_mr(tern_mr_t *mr)
+{
+    return (tcp_mr_t *)mr;
+}
+
+static inline tcp_rkey_t *to_tcp_rkey(tern_rkey_t *rkey)
+{
+    return (tcp_rkey_t *)rkey;
+}
+
+static void event(tcp_tp_t *t, tern_event_type_t type, uint32_t src, uint32_t imm, const void *data,
+                  size_t len, tern_status_t st)
+{
+    tern_event_t ev = {.type = type, .src = src, .imm = imm, .data = data, .len = len, .status = st};
+    t->events++;
+    tern__tp_event(&t->base, &ev);
+}
+
+/* ---- registrations seen from the network ---- */
+
+static void mr_unpin(tcp_tp_t *t, tcp_mr_t *mr)
+{
+    (void)t;
+    if (mr != NULL && --mr->pins == 0 && mr->revoked)
+        free(mr);
+}
+
+/*
+ * Check a peer's request against our registrations before touching memory.
+ * On success the region is pinned (until the request is done) and *ptr is
+ * where raddr lies.
+ */
+static tern_status_t check_remote(tcp_tp_t *t, uint64_t key, uint64_t raddr, uint64_t size,
+                                  unsigned need, tcp_mr_t **mr_out, uint8_t **ptr)
+{
+    tcp_mr_t *mr;
+    HASH_FIND(hh, t->keys, &key, sizeof(key), mr);
+    if (mr == NULL)
+        return TERN_ERR_ACCESS; /* unknown or revoked key */
+    uint64_t base = (uintptr_t)mr->base.addr, len = mr->base.len;
+    if (raddr < base || size > len || raddr - base > len - size)
+        return TERN_ERR_ACCESS; /* out of bounds: the header promises ACCESS for every refusal */
+    if (!(mr->base.access & need))
+        return TERN_ERR_ACCESS;
+    mr->pins++;
+    *mr_out = mr;
+    *ptr = (uint8_t *)mr->base.addr + (raddr - base);
+    return TERN_OK;
+}
+
+/* ---- sending ---- */
+
+static void conn_fail(conn_t *c, tern_status_t why);
+
+static void set_want_out(conn_t *c, bool want)
+{
+    if (c->want_out == want || c->state == C_DEAD)
+        return;
+    c->want_out = want;
+    struct epoll_event ev = {.events = EPOLLIN | (want ? EPOLLOUT : 0), .data.ptr = c};
+    epoll_ctl(c->tp->epfd, EPOLL_CTL_MOD, c->fd, &ev);
+}
+
+/* A request fully written: a send is done; a put or get now awaits its reply. */
+static void tx_done(conn_t *c, txreq_t *r)
+{
+    if (r->type == F_PUT || r->type == F_GET) {
+        r->next = NULL;
+        if (c->pend_tail)
+            c->pend_tail->next = r;
+        else
+            c->pend_head = r;
+        c->pend_tail = r;
+        return;
+    }
+    if (r->type == F_GET_DATA)
+        mr_unpin(c->tp, r->pin);
+    tern__comp_call(&r->comp, TERN_OK);
+    free(r);
+}
+
+/* Write as much of the queue as the socket takes. Returns false if the
+ * connection failed (it is then marked dead). */
+static bool flush_tx(conn_t *c)
+{
+    if (c->state != C_OPEN)
+        return c->state != C_DEAD;
+    while (c->tx_head != NULL) {
+        txreq_t *r = c->tx_head;
+        ssize_t n = writev(c->fd, r->iov, r->iovcnt);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK)
+                break;
+            conn_fail(c, TERN_ERR_PEER_LOST);
+            return false;
+        }
+        /* Advance through the iovecs. */
+        for (int i = 0; i < r->iovcnt && n > 0; i++) {
+            size_t take = (size_t)n < r->iov[i].iov_len ? (size_t)n : r->iov[i].iov_len;
+            r->iov[i].iov_base = (uint8_t *)r->iov[i].iov_base + take;
+            r->iov[i].iov_len -= take;
+            n -= (ssize_t)take;
+        }
+        if (r->iov[r->iovcnt - 1].iov_len > 0 || r->iov[0].iov_len > 0)
+            break; /* the socket is full */
+        c->tx_head = r->next;
+        if (c->tx_head == NULL)
+            c->tx_tail = NULL;
+        tx_done(c, r);
+    }
+    set_want_out(c, c->tx_head != NULL);
+    return true;
+}
+
+static txreq_t *txreq_new(const frame_t *f, const void *payload, size_t len)
+{
+    txreq_t *r = calloc(1, sizeof(*r));
+    if (r == NULL)
+        return NULL;
+    frame_encode(f, r->hdr);
+    r->type = f->type;
+    r->op_id = f->op_id;
+    r->iov[0] = (struct iovec){r->hdr, HDR_SIZE};
+    r->iovcnt = 1;
+    if (len > 0)
+        r->iov[r->iovcnt++] = (struct iovec){(void *)payload, len};
+    return r;
+}
+
+static void enqueue(conn_t *c, txreq_t *r)
+{
+    r->next = NULL;
+    if (c->tx_tail)
+        c->tx_tail->next = r;
+    else
+        c->tx_head = r;
+    c->tx_tail = r;
+}
+
+/*
+ * Post a frame on c. When nothing is queued and the socket takes it whole, a
+ * SEND completes here (TERN_OK, no allocation); otherwise it is queued and
+ * completes later (TERN_INPROGRESS). PUT and GET always complete later.
+ */
+static tern_status_t post(conn_t *c, const frame_t *f, const void *payload, size_t len,
+                          const tern_op_params_t *params, txreq_t **req_out)
+{
+    if (f->type == F_SEND && c->state == C_OPEN && c->tx_head == NULL) {
+        uint8_t hdr[HDR_SIZE];
+        struct iovec iov[2] = {{hdr, HDR_SIZE}, {(void *)payload, len}};
+        frame_encode(f, hdr);
+        ssize_t n;
+        do {
+            n = writev(c->fd, iov, len > 0 ? 2 : 1);
+        } while (n < 0 && errno == EINTR);
+        if (n == (ssize_t)(HDR_SIZE + len))
+            return TERN_OK;
+        if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
+            conn_fail(c, TERN_ERR_PEER_LOST);
+            return tern__error(TERN_ERR_PEER_LOST, "tcp: send to peer %u failed: %s", c->ep->base.peer,
+                               strerror(errno));
+        }
+        /* Partly written: queue the rest, keeping the stream in step. */
+        txreq_t *r = txreq_new(f, payload, len);
+        if (r == NULL) {
+            /* Half a frame is on the wire and we cannot remember the rest. */
+            conn_fail(c, TERN_ERR_NO_MEMORY);
+            return tern__error(TERN_ERR_NO_MEMORY, "tcp: no memory to queue a send");
+        }
+        r->comp = tern__comp_of(params);
+        size_t done = n > 0 ? (size_t)n : 0;
+        for (int i = 0; i < r->iovcnt && done > 0; i++) {
+            size_t take = done < r->iov[i].iov_len ? done : r->iov[i].iov_len;
+            r->iov[i].iov_base = (uint8_t *)r->iov[i].iov_base + take;
+            r->iov[i].iov_len -= take;
+            done -= take;
+        }
+        enqueue(c, r);
+        set_want_out(c, true);
+        return TERN_INPROGRESS;
+    }
+    txreq_t *r = txreq_new(f, payload, len);
+    if (r == NULL)
+        return tern__error(TERN_ERR_NO_MEMORY, "tcp: no memory to queue a request");
+    r->comp = tern__comp_of(params);
+    enqueue(c, r);
+    if (req_out != NULL)
+        *req_out = r;
+    if (!flush_tx(c) && f->type != F_SEND)
+        return TERN_INPROGRESS; /* conn_fail completed it with the error */
+    return TERN_INPROGRESS;
+}
+
+/* ---- connections ---- */
+
+static void free_txq(txreq_t *r, tern_status_t st, tcp_tp_t *t)
+{
+    while (r != NULL) {
+        txreq_t *next = r->next;
+        if (r->type == F_GET_DATA)
+            mr_unpin(t, r->pin);
+        else if (r->type != F_HELLO && r->type != F_BYE && r->type != F_PUT_ACK)
+            tern__comp_call(&r->comp, st);
+        free(r);
+        r = next;
+    }
+}
+
+/* The connection is lost or closed: fail what is queued, tell the user once,
+ * and leave the socket for conn_reap(). */
+static void conn_fail(conn_t *c, tern_status_t why)
+{
+    tcp_tp_t *t = c->tp;
+    if (c->state == C_DEAD)
+        return;
+    c->state = C_DEAD;
+    epoll_ctl(t->epfd, EPOLL_CTL_DEL, c->fd, NULL);
+    if (c->ep != NULL)
+        c->ep->failed = why;
+    txreq_t *tx = c->tx_head, *pend = c->pend_head;
+    c->tx_head = c->tx_tail = c->pend_head = c->pend_tail = NULL;
+    free_txq(tx, why, t);
+    free_txq(pend, why, t);
+    if (c->cur_mr != NULL) {
+        mr_unpin(t, c->cur_mr);
+        c->cur_mr = NULL;
+    }
+    uint32_t peer = c->ep != NULL ? c->ep->base.peer : c->peer;
+    bool tell = c->ep != NULL ? why != TERN_ERR_CANCELED : c->hello_seen && !c->bye_seen;
+    if (tell) {
+        tern_debug("tcp: connection %s peer %u lost (%s)", c->incoming ? "from" : "to", peer,
+                   tern_strerror(why));
+        event(t, TERN_EVENT_ERROR, peer, 0, NULL, 0, why);
+    }
+}
+
+static void conn_free(conn_t *c)
+{
+    if (c->state != C_DEAD)
+        conn_fail(c, TERN_ERR_CANCELED);
+    close(c->fd);
+    free(c->rxbuf);
+    free(c->big);
+    free(c);
+}
+
+/* Unlink and free dead incoming connections (outgoing ones die with their ep). */
+static void conn_reap(tcp_tp_t *t)
+{
+    conn_t **pp = &t->conns;
+    while (*pp != NULL) {
+        conn_t *c = *pp;
+        if (c->state == C_DEAD && c->ep == NULL) {
+            *pp = c->next;
+            conn_free(c);
+        } else {
+            pp = &c->next;
+        }
+    }
+}
+
+static void tune(tcp_tp_t *t, int fd)
+{
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    if (t->sockbuf > 0) {
+        int sz = t->sockbuf > (size_t)INT32_MAX ? INT32_MAX : (int)t->sockbuf;
+        setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sz, sizeof(sz));
+        setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &sz, sizeof(sz));
+    }
+}
+
+static conn_t *conn_new(tcp_tp_t *t, int fd, bool incoming)
+{
+    conn_t *c = calloc(1, sizeof(*c));
+    if (c == NULL)
+        return NULL;
+    c->rxbuf = malloc(RXBUF_SIZE);
+    if (c->rxbuf == NULL) {
+        free(c);
+        return NULL;
+    }
+    c->tp = t;
+    c->fd = fd;
+    c->incoming = incoming;
+    c->state = incoming ? C_OPEN : C_CONNECTING;
+    struct epoll_event ev = {.events = EPOLLIN | (incoming ? 0 : EPOLLOUT), .data.ptr = c};
+    c->want_out = !incoming;
+    if (epoll_ctl(t->epfd, EPOLL_CTL_ADD, fd, &ev) != 0) {
+        free(c->rxbuf);
+        free(c);
+        return NULL;
+    }
+    c->next = t->conns;
+    t->conns = c;
+    return c;
+}
+
+/* ---- receiving ---- */
+
+/* Take up to n buffered bytes into dst (NULL: discard); returns how many. */
+static size_t take_buffered(conn_t *c, uint8_t *dst, size_t n)
+{
+    size_t avail = c->rx_len - c->rx_off;
+    if (n > avail)
+        n = avail;
+    if (dst != NULL && n > 0)
+        memcpy(dst, c->rxbuf + c->rx_off, n);
+    c->rx_off += n;
+    return n;
+}
+
+/* Reply to a PUT: the ack, and the target-side event. */
+static void finish_put(conn_t *c)
+{
+    tcp_tp_t *t = c->tp;
+    frame_t ack = {.type = F_PUT_ACK, .op_id = c->cur.op_id,
+                   .status = c->refused ? c->refusal : TERN_OK};
+    txreq_t *r = txreq_new(&ack, NULL, 0);
+    if (r == NULL) {
+        conn_fail(c, TERN_ERR_NO_MEMORY);
+        return;
+    }
+    enqueue(c, r);
+    if (c->refused)
+        event(t, TERN_EVENT_ERROR, c->peer, (c->cur.flags & FLAG_IMM) ? c->cur.imm : 0, NULL, 0,
+              c->refusal);
+    else if (c->cur.flags & FLAG_IMM)
+        event(t, TERN_EVENT_PUT_IMM, c->peer, c->cur.imm, NULL, (size_t)c->cur.size, TERN_OK);
+    mr_unpin(t, c->cur_mr);
+    c->cur_mr = NULL;
+    flush_tx(c);
+}
+
+/* A complete payload has arrived for c->cur. */
+static void payload_done(conn_t *c)
+{
+    tcp_tp_t *t = c->tp;
+    switch (c->cur.type) {
+    case F_SEND:
+        event(t, TERN_EVENT_RECV, c->peer, c->cur.imm, c->dst, (size_t)c->cur.payload, TERN_OK);
+        break;
+    case F_PUT:
+        finish_put(c);
+        break;
+    case F_GET_DATA: {
+        txreq_t *r = c->cur_op;
+        c->cur_op = NULL;
+        tern__comp_call(&r->comp, c->cur.status == TERN_OK ? TERN_OK : (tern_status_t)c->cur.status);
+        free(r);
+        break;
+    }
+    default:
+        break;
+    }
+    c->rx_state = RX_HDR;
+}
+
+/* The reply at the head of the pending queue, checked against what arrived. */
+static txreq_t *pop_pending(conn_t *c, uint8_t want_type)
+{
+    txreq_t *r = c->pend_head;
+    if (r == NULL || r->type != want_type || r->op_id != c->cur.op_id)
+        return NULL;
+    c->pend_head = r->next;
+    if (c->pend_head == NULL)
+        c->pend_tail = NULL;
+    return r;
+}
+
+/*
+ * A header has arrived: check it and decide where its payload goes. Returns
+ * false on a protocol violation (the connection is then failed).
+ */
+static bool header_arrived(conn_t *c)
+{
+    tcp_tp_t *t = c->tp;
+    frame_t *f = &c->cur;
+    c->got = 0;
+    c->dst = NULL;
+    c->refused = false;
+
+    if (c->incoming && !c->hello_seen && f->type != F_HELLO)
+        goto bad;
+    switch (f->type) {
+    case F_HELLO:
+        if (!c->incoming || c->hello_seen || f->payload != 12)
+            goto bad;
+        c->dst = (uint8_t *)&c->cur.raddr; /* 12 bytes of scratch inside the frame */
+        break;
+    case F_BYE:
+        if (f->payload != 0)
+            goto bad;
+        c->bye_seen = true;
+        break;
+    case F_SEND:
+        if (!c->incoming || f->payload > MAX_SEND)
+            goto bad;
+        if (f->payload > RXBUF_SIZE - 0) {
+            if (c->big_cap < f->payload) {
+                uint8_t *p = realloc(c->big, (size_t)f->payload);
+                if (p == NULL) {
+                    tern_warn("tcp: no memory for a %" PRIu64 "-byte message from peer %u",
+                              f->payload, c->peer);
+                    conn_fail(c, TERN_ERR_NO_MEMORY);
+                    return false;
+                }
+                c->big = p;
+                c->big_cap = (size_t)f->payload;
+            }
+            c->dst = c->big;
+        } else {
+            c->dst = NULL; /* decided in rx_payload: in place in rxbuf if it fits */
+        }
+        break;
+    case F_PUT: {
+        if (!c->incoming || f->payload != f->size || f->size > MAX_PUT)
+            goto bad;
+        tern_status_t st = check_remote(t, f->key, f->raddr, f->size, TERN_ACCESS_REMOTE_WRITE,
+                                        &c->cur_mr, &c->dst);
+        if (st != TERN_OK) {
+            c->refused = true;
+            c->refusal = st;
+            c->dst = NULL;
+            tern_debug("tcp: refused a %" PRIu64 "-byte put from peer %u at %#" PRIx64 ": %s",
+                       f->size, c->peer, f->raddr, tern_strerror(st));
+        }
+        break;
+    }
+    case F_GET: {
+        tcp_mr_t *mr = NULL;
+        uint8_t *src = NULL;
+        if (!c->incoming || f->payload != 0 || f->size > MAX_PUT)
+            goto bad;
+        tern_status_t st = check_remote(t, f->key, f->raddr, f->size, TERN_ACCESS_REMOTE_READ, &mr,
+                                        &src);
+        frame_t reply = {.type = F_GET_DATA, .op_id = f->op_id, .status = st,
+                         .size = st == TERN_OK ? f->size : 0,
+                         .payload = st == TERN_OK ? f->size : 0};
+        txreq_t *r = txreq_new(&reply, src, st == TERN_OK ? (size_t)f->size : 0);
+        if (r == NULL) {
+            mr_unpin(t, mr);
+            conn_fail(c, TERN_ERR_NO_MEMORY);
+            return false;
+        }
+        r->type = F_GET_DATA;
+        r->pin = mr;
+        enqueue(c, r);
+        if (st != TERN_OK)
+            event(t, TERN_EVENT_ERROR, c->peer, 0, NULL, 0, st);
+        c->rx_state = RX_HDR;
+        return flush_tx(c);
+    }
+    case F_PUT_ACK: {
+        txreq_t *r;
+        if (c->incoming || f->payload != 0 || (r = pop_pending(c, F_PUT)) == NULL)
+            goto bad;
+        tern__comp_call(&r->comp, (tern_status_t)f->status);
+        free(r);
+        c->rx_state = RX_HDR;
+        return true;
+    }
+    case F_GET_DATA: {
+        txreq_t *r;
+        if (c->incoming || (r = pop_pending(c, F_GET)) == NULL)
+            goto bad;
+        if (f->status == TERN_OK ? f->payload != r->get_size : f->payload != 0) {
+            free(r);
+            goto bad;
+        }
+        c->cur_op = r;
+        c->dst = r->get_buf;
+        break;
+    }
+    default:
+        goto bad;
+    }
+    c->rx_state = RX_PAYLOAD;
+    return true;
+bad:
+    tern_warn("tcp: protocol violation from peer %u (frame type %u, %" PRIu64
+              " payload bytes); closing the connection",
+              c->incoming ? c->peer : c->ep->base.peer, f->type, f->payload);
+    conn_fail(c, TERN_ERR_PROTOCOL);
+    return false;
+}
+
+/*
+ * Move payload bytes for the current frame: from the buffer first, then
+ * straight from the socket into the destination when it is large. Returns
+ * 1 when the payload is complete, 0 when more must arrive, -1 on failure.
+ */
+static int rx_payload(conn_t *c)
+{
+    frame_t *f = &c->cur;
+    uint64_t need = f->payload - c->got;
+
+    /* A small SEND wholly in the buffer is delivered in place. */
+    if (f->type == F_SEND && c->dst == NULL && f->payload <= RXBUF_SIZE) {
+        if (c->rx_len - c->rx_off >= f->payload) {
+            c->dst = c->rxbuf + c->rx_off;
+            c->rx_off += (size_t)f->payload;
+            c->got = f->payload;
+            return 1;
+        }
+        /* Make room so the whole payload lands contiguously in the buffer. */
+        if (c->rx_off > 0) {
+            memmove(c->rxbuf, c->rxbuf + c->rx_off, c->rx_len - c->rx_off);
+            c->rx_len -= c->rx_off;
+            c->rx_off = 0;
+        }
+        return 0;
+    }
+    uint8_t *dst = c->dst != NULL ? c->dst + c->got : NULL;
+    size_t n = take_buffered(c, dst, need > SIZE_MAX ? SIZE_MAX : (size_t)need);
+    c->got += n;
+    need -= n;
+    while (need > 0) {
+        /* The buffer is empty: read straight into the destination. */
+        uint8_t *to = c->dst != NULL ? c->dst + c->got : c->tp->scratch;
+        size_t want = need;
+        if (c->dst == NULL && want > RXBUF_SIZE)
+            want = RXBUF_SIZE;
+        ssize_t r = recv(c->fd, to, want, MSG_DONTWAIT);
+        if (r > 0) {
+            c->got += (uint64_t)r;
+            need -= (uint64_t)r;
+            continue;
+        }
+        if (r == 0) {
+            conn_fail(c, TERN_ERR_PEER_LOST);
+            return -1;
+        }
+        if (errno == EINTR)
+            continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK)
+            return 0;
+        conn_fail(c, TERN_ERR_PEER_LOST);
+        return -1;
+    }
+    return 1;
+}
+
+/* Refill the receive buffer. Returns bytes read, 0 when none, -1 when the
+ * connection ended. */
+static ssize_t fill(conn_t *c)
+{
+    if (c->rx_off == c->rx_len)
+        c->rx_off = c->rx_len = 0;
+    if (c->rx_len == RXBUF_SIZE) {
+        memmove(c->rxbuf, c->rxbuf + c->rx_off, c->rx_len - c->rx_off);
+        c->rx_len -= c->rx_off;
+        c->rx_off = 0;
+    }
+    for (;;) {
+        ssize_t n = recv(c->fd, c->rxbuf + c->rx_len, RXBUF_SIZE - c->rx_len, MSG_DONTWAIT);
+        if (n > 0) {
+            c->rx_len += (size_t)n;
+            return n;
+        }
+        if (n == 0) {
+            /* After a BYE the peer closed on purpose; otherwise it is lost. */
+            conn_fail(c, c->bye_seen ? TERN_ERR_CANCELED : TERN_ERR_PEER_LOST);
+            return -1;
+        }
+        if (errno == EINTR)
+            continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK)
+            return 0;
+        conn_fail(c, TERN_ERR_PEER_LOST);
+        return -1;
+    }
+}
+
+/*
+ * Handle every frame buffered for c, reading the socket at most READS_PER_CALL
+ * times so that one busy peer cannot starve the others; whatever is still in
+ * the socket keeps it readable for the next progress call (level-triggered).
+ * Frames already in the buffer are always handled: nothing would wake us for
+ * them.
+ */
+static void on_readable(conn_t *c)
+{
+    int reads = 0;
+    while (c->state != C_DEAD) {
+        if (c->rx_state == RX_HDR) {
+            if (c->rx_len - c->rx_off < HDR_SIZE) {
+                if (c->rx_off > 0 && RXBUF_SIZE - c->rx_off < HDR_SIZE) {
+                    memmove(c->rxbuf, c->rxbuf + c->rx_off, c->rx_len - c->rx_off);
+                    c->rx_len -= c->rx_off;
+                    c->rx_off = 0;
+                }
+                if (reads++ == READS_PER_CALL || fill(c) <= 0)
+                    return;
+                continue;
+            }
+            frame_decode(c->rxbuf + c->rx_off, &c->cur);
+            c->rx_off += HDR_SIZE;
+            if (!header_arrived(c))
+                return;
+            if (c->rx_state == RX_HDR)
+                continue;
+        }
+        int r = rx_payload(c);
+        if (r < 0)
+            return;
+        if (r == 0) {
+            if (reads++ == READS_PER_CALL || fill(c) <= 0)
+                return;
+            continue;
+        }
+        if (c->cur.type == F_HELLO) {
+            uint32_t id;
+            memcpy(&id, &c->cur.raddr, 4);
+            c->peer = le32toh(id);
+            c->hello_seen = true;
+            c->rx_state = RX_HDR;
+        } else {
+            payload_done(c);
+        }
+    }
+}
+
+static void on_connected(conn_t *c)
+{
+    int err = 0;
+    socklen_t len = sizeof(err);
+    if (getsockopt(c->fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0)
+        err = errno;
+    if (err != 0) {
+        tern_warn("tcp: cannot connect to peer %u: %s", c->ep->base.peer, strerror(err));
+        conn_fail(c, TERN_ERR_UNREACHABLE);
+        return;
+    }
+    c->state = C_OPEN;
+    flush_tx(c);
+}
+
+static void on_accept(tcp_tp_t *t)
+{
+    for (;;) {
+        int fd = accept4(t->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) {
+            if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+                tern_warn("tcp: accept: %s", strerror(errno));
+            return;
+        }
+        tune(t, fd);
+        if (conn_new(t, fd, true) == NULL) {
+            tern_warn("tcp: no memory for an incoming connection");
+            close(fd);
+        }
+    }
+}
+
+static int tcp_progress(tern_transport_t *tp)
+{
+    tcp_tp_t *t = to_tcp_tp(tp);
+    struct epoll_event evs[64];
+    int n = epoll_wait(t->epfd, evs, 64, 0);
+    t->events = 0;
+    for (int i = 0; i < n; i++) {
+        conn_t *c = evs[i].data.ptr;
+        if (c == NULL) {
+            on_accept(t);
+            continue;
+        }
+        if (c->state == C_DEAD)
+            continue;
+        if (c->state == C_CONNECTING) {
+            if (evs[i].events & (EPOLLOUT | EPOLLERR | EPOLLHUP))
+                on_connected(c);
+            continue;
+        }
+        if (evs[i].events & EPOLLOUT)
+            flush_tx(c);
+        if (c->state != C_DEAD && (evs[i].events & (EPOLLIN | EPOLLERR | EPOLLHUP)))
+            on_readable(c);
+    }
+    conn_reap(t);
+    return n > 0 ? n + t->events : t->events;
+}
+
+static int tcp_fd(const tern_transport_t *tp)
+{
+    const tcp_tp_t *t = (const tcp_tp_t *)tp;
+    return t->busy_poll ? -1 : t->epfd;
+}
+
+static tern_status_t tcp_arm(tern_transport_t *tp)
+{
+    /* epoll is level-triggered: anything pending keeps the fd readable. */
+    (void)tp;
+    return TERN_OK;
+}
+
+/* ---- addresses ---- */
+
+/* The local address to listen on and advertise (see the file comment of
+ * provider.h for device and peer_hint). */
+static tern_status_t pick_address(const tern__tp_config_t *cfg, struct sockaddr_storage *ss,
+                                  socklen_t *len)
+{
+    memset(ss, 0, sizeof(*ss));
+    if (cfg->device != NULL) {
+        struct ifaddrs *ifs, *i;
+        /* A literal address first, then an interface name. */
+        struct sockaddr_in *s4 = (struct sockaddr_in *)ss;
+        struct sockaddr_in6 *s6 = (struct sockaddr_in6 *)ss;
+        if (inet_pton(AF_INET, cfg->device, &s4->sin_addr) == 1) {
+            s4->sin_family = AF_INET;
+            *len = sizeof(*s4);
+            return TERN_OK;
+        }
+        if (inet_pton(AF_INET6, cfg->device, &s6->sin6_addr) == 1) {
+            s6->sin6_family = AF_INET6;
+            *len = sizeof(*s6);
+            return TERN_OK;
+        }
+        if (getifaddrs(&ifs) != 0)
+            return tern__error_errno(TERN_ERR_IO, errno, "tcp: getifaddrs");
+        for (i = ifs; i != NULL; i = i->ifa_next) {
+            if (i->ifa_addr == NULL || strcmp(i->ifa_name, cfg->device) != 0 ||
+                !(i->ifa_flags & IFF_UP))
+                continue;
+            if (i->ifa_addr->sa_family == AF_INET) {
+                memcpy(ss, i->ifa_addr, sizeof(struct sockaddr_in));
+                *len = sizeof(struct sockaddr_in);
+                break;
+            }
+        }
+        freeifaddrs(ifs);
+        if (i == NULL)
+            return tern__error(TERN_ERR_NO_DEVICE,
+                               "tcp: device '%s' is neither an address nor an up IPv4 interface",
+                               cfg->device);
+        return TERN_OK;
+    }
+    if (cfg->peer_hint != NULL && cfg->peer_hint[0] != '\0') {
+        /* The address the kernel would send from to reach the hint: connecting
+         * a UDP socket sends nothing, it only routes. */
+        struct addrinfo hints = {.ai_socktype = SOCK_DGRAM}, *res = NULL;
+        if (getaddrinfo(cfg->peer_hint, "9", &hints, &res) == 0) {
+            int fd = socket(res->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+            *len = sizeof(*ss);
+            bool ok = fd >= 0 && connect(fd, res->ai_addr, res->ai_addrlen) == 0 &&
+                      getsockname(fd, (struct sockaddr *)ss, len) == 0;
+            if (fd >= 0)
+                close(fd);
+            freeaddrinfo(res);
+            if (ok)
+                return TERN_OK;
+        }
+        tern_info("tcp: no route to %s; advertising 127.0.0.1", cfg->peer_hint);
+    }
+    struct sockaddr_in *s4 = (struct sockaddr_in *)ss;
+    s4->sin_family = AF_INET;
+    s4->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    *len = sizeof(*s4);
+    return TERN_OK;
+}
+
+/* address blob: magic u32 | version u8 | family u8 | port u16 | instance u64 | self_id u32 |
+ * ip (4 or 16 bytes); integers little-endian, port and ip in network order. */
+static void build_address(tcp_tp_t *t, const struct sockaddr_storage *ss)
+{
+    uint8_t *p = t->addr;
+    uint32_t magic = htole32(ADDR_MAGIC), id = htole32(t->base.self_id);
+    uint64_t inst = htole64(t->instance);
+    memcpy(p, &magic, 4);
+    p[4] = ADDR_VERSION;
+    if (ss->ss_family == AF_INET) {
+        const struct sockaddr_in *s4 = (const struct sockaddr_in *)ss;
+        p[5] = 4;
+        memcpy(p + 6, &s4->sin_port, 2);
+        memcpy(p + 20, &s4->sin_addr, 4);
+        t->addr_len = 24;
+    } else {
+        const struct sockaddr_in6 *s6 = (const struct sockaddr_in6 *)ss;
+        p[5] = 6;
+        memcpy(p + 6, &s6->sin6_port, 2);
+        memcpy(p + 20, &s6->sin6_addr, 16);
+        t->addr_len = 36;
+    }
+    memcpy(p + 8, &inst, 8);
+    memcpy(p + 16, &id, 4);
+}
+
+static tern_status_t parse_address(const void *buf, size_t len, struct sockaddr_storage *ss,
+                                   socklen_t *sslen)
+{
+    const uint8_t *p = buf;
+    uint32_t magic;
+    if (len < 24)
+        return tern__error(TERN_ERR_INVALID_PARAM, "tcp: address of %zu bytes is too short", len);
+    memcpy(&magic, p, 4);
+    if (le32toh(magic) != ADDR_MAGIC || p[4] != ADDR_VERSION)
+        return tern__error(TERN_ERR_INVALID_PARAM,
+                           "tcp: not a tcp provider address (another provider's, or another version)");
+    memset(ss, 0, sizeof(*ss));
+    if (p[5] == 4 && len == 24) {
+        struct sockaddr_in *s4 = (struct sockaddr_in *)ss;
+        s4->sin_family = AF_INET;
+        memcpy(&s4->sin_port, p + 6, 2);
+        memcpy(&s4->sin_addr, p + 20, 4);
+        *sslen = sizeof(*s4);
+    } else if (p[5] == 6 && len == 36) {
+        struct sockaddr_in6 *s6 = (struct sockaddr_in6 *)ss;
+        s6->sin6_family = AF_INET6;
+        memcpy(&s6->sin6_port, p + 6, 2);
+        memcpy(&s6->sin6_addr, p + 20, 16);
+        *sslen = sizeof(*s6);
+    } else {
+        return tern__error(TERN_ERR_INVALID_PARAM, "tcp: bad address family %u for %zu bytes", p[5],
+                           len);
+    }
+    return TERN_OK;
+}
+
+static tern_status_t tcp_address(const tern_transport_t *tp, void *buf, size_t *len)
+{
+    const tcp_tp_t *t = (const tcp_tp_t *)tp;
+    size_t cap = *len;
+    *len = t->addr_len;
+    if (cap < t->addr_len)
+        return tern__error(TERN_ERR_TRUNCATED, "tcp: address needs %zu bytes, buffer has %zu",
+                           t->addr_len, cap);
+    memcpy(buf, t->addr, t->addr_len);
+    return TERN_OK;
+}
+
+static void send_bye(conn_t *c);
+
+/* ---- open / close ---- */
+
+static void tcp_close(tern_transport_t *tp)
+{
+    tcp_tp_t *t = to_tcp_tp(tp);
+    tcp_mr_t *mr, *tmp;
+    while (t->eps != NULL)
+        tern_ep_destroy(&t->eps->base);
+    while (t->conns != NULL) {
+        conn_t *c = t->conns;
+        t->conns = c->next;
+        send_bye(c);
+        conn_free(c);
+    }
+    HASH_ITER(hh, t->keys, mr, tmp) {
+        HASH_DEL(t->keys, mr);
+        free(mr);
+    }
+    if (t->lfd >= 0)
+        close(t->lfd);
+    if (t->epfd >= 0)
+        close(t->epfd);
+    free(t->scratch);
+    free(t);
+}
+
+static tern_status_t tcp_open(const tern__tp_config_t *cfg, tern_transport_t **tp_out)
+{
+    tcp_tp_t *t = calloc(1, sizeof(*t));
+    struct sockaddr_storage ss;
+    socklen_t sslen;
+    tern_status_t st;
+    char host[INET6_ADDRSTRLEN] = "?";
+
+    if (t == NULL)
+        return tern__error(TERN_ERR_NO_MEMORY, "tcp: no memory");
+    t->lfd = t->epfd = -1;
+    t->base.self_id = cfg->self_id;
+    t->busy_poll = cfg->busy_poll;
+    t->sockbuf = cfg->tcp_sockbuf;
+    t->next_key = 1;
+    t->next_op = 1;
+    if (getrandom(&t->instance, sizeof(t->instance), GRND_NONBLOCK) != sizeof(t->instance))
+        t->instance = (uint64_t)getpid() << 32 ^ (uintptr_t)t;
+    t->scratch = malloc(RXBUF_SIZE);
+    if (t->scratch == NULL) {
+        st = tern__error(TERN_ERR_NO_MEMORY, "tcp: no memory");
+        goto fail;
+    }
+    if ((st = pick_address(cfg, &ss, &sslen)) != TERN_OK)
+        goto fail;
+    t->lfd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (t->lfd < 0 || bind(t->lfd, (struct sockaddr *)&ss, sslen) != 0 ||
+        listen(t->lfd, 1024) != 0 || getsockname(t->lfd, (struct sockaddr *)&ss, &sslen) != 0) {
+        st = tern__error_errno(TERN_ERR_NO_DEVICE, errno, "tcp: cannot listen on the chosen address");
+        goto fail;
+    }
+    t->epfd = epoll_create1(EPOLL_CLOEXEC);
+    struct epoll_event ev = {.events = EPOLLIN, .data.ptr = NULL};
+    if (t->epfd < 0 || epoll_ctl(t->epfd, EPOLL_CTL_ADD, t->lfd, &ev) != 0) {
+        st = tern__error_errno(TERN_ERR_IO, errno, "tcp: epoll");
+        goto fail;
+    }
+    build_address(t, &ss);
+    if (ss.ss_family == AF_INET)
+        inet_ntop(AF_INET, &((struct sockaddr_in *)&ss)->sin_addr, host, sizeof(host));
+    else
+        inet_ntop(AF_INET6, &((struct sockaddr_in6 *)&ss)->sin6_addr, host, sizeof(host));
+    snprintf(t->base.attr.device, sizeof(t->base.attr.device), "%s:%u", host,
+             ntohs(((struct sockaddr_in *)&ss)->sin_port));
+    t->base.attr.max_send = MAX_SEND;
+    t->base.attr.max_put = MAX_PUT;
+    t->base.attr.addr_len = t->addr_len;
+    *tp_out = &t->base;
+    return TERN_OK;
+fail:
+    tcp_close(&t->base);
+    return st;
+}
+
+/* ---- endpoints ---- */
+
+static tern_status_t tcp_ep_create(tern_transport_t *tp, uint32_t peer, const void *addr,
+                                   size_t len, tern_ep_t **ep_out)
+{
+    tcp_tp_t *t = to_tcp_tp(tp);
+    struct sockaddr_storage ss;
+    socklen_t sslen;
+    tern_status_t st = parse_address(addr, len, &ss, &sslen);
+    if (st != TERN_OK)
+        return st;
+    int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return tern__error_errno(TERN_ERR_NO_RESOURCE, errno, "tcp: socket");
+    tune(t, fd);
+    if (connect(fd, (struct sockaddr *)&ss, sslen) != 0 && errno != EINPROGRESS) {
+        int err = errno;
+        close(fd);
+        return tern__error_errno(TERN_ERR_UNREACHABLE, err, "tcp: connect to peer %u", peer);
+    }
+    tcp_ep_t *ep = calloc(1, sizeof(*ep));
+    conn_t *c = ep ? conn_new(t, fd, false) : NULL;
+    if (c == NULL) {
+        free(ep);
+        close(fd);
+        return tern__error(TERN_ERR_NO_MEMORY, "tcp: no memory for an endpoint");
+    }
+    ep->base.tp = tp;
+    ep->base.peer = peer;
+    ep->conn = c;
+    c->ep = ep;
+    /* HELLO goes first, ahead of anything the user posts. */
+    frame_t f = {.type = F_HELLO, .payload = 12};
+    txreq_t *r = txreq_new(&f, NULL, 0);
+    if (r == NULL) {
+        c->ep = NULL; /* reaped with the dead incoming ones */
+        conn_fail(c, TERN_ERR_CANCELED);
+        free(ep);
+        return tern__error(TERN_ERR_NO_MEMORY, "tcp: no memory for an endpoint");
+    }
+    uint32_t id = htole32(tp->self_id);
+    uint64_t inst = htole64(t->instance);
+    memcpy(r->small, &id, 4);
+    memcpy(r->small + 4, &inst, 8);
+    r->iov[1] = (struct iovec){r->small, 12};
+    r->iovcnt = 2;
+    enqueue(c, r);
+    ep->next = t->eps;
+    t->eps = ep;
+    *ep_out = &ep->base;
+    return TERN_OK;
+}
+
+/* Say goodbye on c without blocking: a peer that sees BYE before EOF knows the
+ * close was meant and raises no error. */
+static void send_bye(conn_t *c)
+{
+    uint8_t hdr[HDR_SIZE];
+    frame_t f = {.type = F_BYE};
+    if (c->state != C_OPEN || c->tx_head != NULL)
+        return; /* mid-frame: a BYE now would corrupt the stream */
+    frame_encode(&f, hdr);
+    if (send(c->fd, hdr, HDR_SIZE, MSG_NOSIGNAL | MSG_DONTWAIT) != HDR_SIZE)
+        tern_debug("tcp: could not say goodbye to peer %u", c->ep ? c->ep->base.peer : c->peer);
+}
+
+static void tcp_ep_destroy(tern_ep_t *base)
+{
+    tcp_ep_t *ep = to_tcp_ep(base), **pp;
+    tcp_tp_t *t = to_tcp_tp(base->tp);
+    conn_t **cp;
+    for (pp = &t->eps; *pp != NULL; pp = &(*pp)->next) {
+        if (*pp == ep) {
+            *pp = ep->next;
+            break;
+        }
+    }
+    for (cp = &t->conns; *cp != NULL; cp = &(*cp)->next) {
+        if (*cp == ep->conn) {
+            *cp = ep->conn->next;
+            break;
+        }
+    }
+    send_bye(ep->conn);
+    conn_free(ep->conn); /* fails what is in flight with TERN_ERR_CANCELED */
+    free(ep);
+}
+
+/* ---- operations ---- */
+
+static tern_status_t ep_usable(tcp_ep_t *ep)
+{
+    if (ep->failed != TERN_OK)
+        return tern__error(ep->failed, "tcp: the connection to peer %u is gone (%s)", ep->base.peer,
+                           tern_strerror(ep->failed));
+    return TERN_OK;
+}
+
+static tern_status_t tcp_send(tern_ep_t *base, uint32_t imm, const void *buf, size_t len,
+                              const tern_op_params_t *params)
+{
+    tcp_ep_t *ep = to_tcp_ep(base);
+    tern_status_t st = ep_usable(ep);
+    if (st != TERN_OK)
+        return st;
+    frame_t f = {.type = F_SEND, .imm = imm, .payload = len};
+    return post(ep->conn, &f, buf, len, params, NULL);
+}
+
+static tern_status_t tcp_put(tern_ep_t *base, const void *buf, size_t len, uint64_t raddr,
+                             tern_rkey_t *rkey, const tern_op_params_t *params)
+{
+    tcp_ep_t *ep = to_tcp_ep(base);
+    tern_status_t st = ep_usable(ep);
+    if (st != TERN_OK)
+        return st;
+    tcp_tp_t *t = to_tcp_tp(base->tp);
+    frame_t f = {.type = F_PUT, .op_id = t->next_op++, .key = to_tcp_rkey(rkey)->key,
+                 .raddr = raddr, .size = len, .payload = len};
+    if (params->field_mask & TERN_OP_PARAM_IMM) {
+        f.flags |= FLAG_IMM;
+        f.imm = params->imm;
+    }
+    return post(ep->conn, &f, buf, len, params, NULL);
+}
+
+static tern_status_t tcp_get(tern_ep_t *base, void *buf, size_t len, uint64_t raddr,
+                             tern_rkey_t *rkey, const tern_op_params_t *params)
+{
+    tcp_ep_t *ep = to_tcp_ep(base);
+    tern_status_t st = ep_usable(ep);
+    if (st != TERN_OK)
+        return st;
+    tcp_tp_t *t = to_tcp_tp(base->tp);
+    frame_t f = {.type = F_GET, .op_id = t->next_op++, .key = to_tcp_rkey(rkey)->key,
+                 .raddr = raddr, .size = len};
+    txreq_t *r = NULL;
+    st = post(ep->conn, &f, NULL, 0, params, &r);
+    if (r != NULL) {
+        r->get_buf = buf;
+        r->get_size = len;
+    }
+    return st;
+}
+
+/* ---- registration ---- */
+
+static tern_status_t tcp_mr_reg(tern_transport_t *tp, void *addr, size_t len,
+                                const tern_mr_params_t *params, tern_mr_t **mr_out)
+{
+    tcp_tp_t *t = to_tcp_tp(tp);
+    (void)addr;
+    (void)len;
+    if (params->mem_type != TERN_MEM_HOST)
+        return tern__error(TERN_ERR_UNSUPPORTED,
+                           "tcp: CUDA memory is staged by the layers above; register host memory");
+    tcp_mr_t *mr = calloc(1, sizeof(*mr));
+    if (mr == NULL)
+        return tern__error(TERN_ERR_NO_MEMORY, "tcp: no memory for a registration");
+    /* Keys never repeat within a transport, so a revoked key stays revoked. */
+    mr->key = t->next_key++;
+    kv_oom = false;
+    HASH_ADD(hh, t->keys, key, sizeof(mr->key), mr);
+    if (kv_oom) {
+        free(mr);
+        return tern__error(TERN_ERR_NO_MEMORY, "tcp: no memory to index a registration");
+    }
+    *mr_out = &mr->base;
+    return TERN_OK;
+}
+
+static void tcp_mr_dereg(tern_mr_t *base)
+{
+    tcp_mr_t *mr = to_tcp_mr(base);
+    tcp_tp_t *t = to_tcp_tp(base->tp);
+    HASH_DEL(t->keys, mr);
+    if (mr->pins > 0)
+        mr->revoked = true; /* a GET_DATA still reads it: freed at the last unpin */
+    else
+        free(mr);
+}
+
+/* key: magic u32 | access u32 | key u64 | addr u64 | len u64, little-endian */
+static tern_status_t tcp_mr_pack(const tern_mr_t *base, void *buf, size_t *len)
+{
+    const tcp_mr_t *mr = (const tcp_mr_t *)base;
+    uint8_t *p = buf;
+    uint32_t magic = htole32(KEY_MAGIC), access = htole32(base->access);
+    uint64_t key = htole64(mr->key), addr = htole64((uintptr_t)base->addr), l = htole64(base->len);
+    if (*len < KEY_SIZE) {
+        *len = KEY_SIZE;
+        return tern__error(TERN_ERR_TRUNCATED, "tcp: a key needs %d bytes", KEY_SIZE);
+    }
+    memcpy(p, &magic, 4);
+    memcpy(p + 4, &access, 4);
+    memcpy(p + 8, &key, 8);
+    memcpy(p + 16, &addr, 8);
+    memcpy(p + 24, &l, 8);
+    *len = KEY_SIZE;
+    return TERN_OK;
+}
+
+static tern_status_t tcp_rkey_unpack(tern_ep_t *ep, const void *buf, size_t len,
+                                     tern_rkey_t **rkey_out)
+{
+    const uint8_t *p = buf;
+    uint32_t magic;
+    uint64_t key, addr, l;
+    if (len != KEY_SIZE)
+        return tern__error(TERN_ERR_INVALID_PARAM, "tcp: a key is %d bytes, not %zu", KEY_SIZE, len);
+    memcpy(&magic, p, 4);
+    if (le32toh(magic) != KEY_MAGIC)
+        return tern__error(TERN_ERR_INVALID_PARAM, "tcp: not a tcp provider key");
+    memcpy(&key, p + 8, 8);
+    memcpy(&addr, p + 16, 8);
+    memcpy(&l, p + 24, 8);
+    tcp_rkey_t *rk = calloc(1, sizeof(*rk));
+    if (rk == NULL)
+        return tern__error(TERN_ERR_NO_MEMORY, "tcp: no memory for a key");
+    rk->base.ep = ep;
+    rk->base.addr = le64toh(addr);
+    rk->base.len = (size_t)le64toh(l);
+    rk->key = le64toh(key);
+    *rkey_out = &rk->base;
+    return TERN_OK;
+}
+
+static void tcp_rkey_release(tern_rkey_t *rkey)
+{
+    free(rkey);
+}
+
+const tern__tp_ops_t tern__tcp_ops = {
+    .name = "tcp",
+    .open = tcp_open,
+    .close = tcp_close,
+    .address = tcp_address,
+    .progress = tcp_progress,
+    .fd = tcp_fd,
+    .arm = tcp_arm,
+    .ep_create = tcp_ep_create,
+    .ep_destroy = tcp_ep_destroy,
+    .send = tcp_send,
+    .put = tcp_put,
+    .get = tcp_get,
+    .mr_reg = tcp_mr_reg,
+    .mr_dereg = tcp_mr_dereg,
+    .mr_pack = tcp_mr_pack,
+    .rkey_unpack = tcp_rkey_unpack,
+    .rkey_release = tcp_rkey_release,
+};
