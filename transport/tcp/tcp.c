@@ -1069,7 +1069,7 @@ static tern_status_t tcp_open(const tern__tp_config_t *cfg, tern_transport_t **t
 {
     tcp_tp_t *t = calloc(1, sizeof(*t));
     struct sockaddr_storage ss;
-    socklen_t sslen;
+    socklen_t sslen = 0;
     tern_status_t st;
     char host[INET6_ADDRSTRLEN] = "?";
 
@@ -1126,7 +1126,7 @@ static tern_status_t tcp_ep_create(tern_transport_t *tp, uint32_t peer, const vo
 {
     tcp_tp_t *t = to_tcp_tp(tp);
     struct sockaddr_storage ss;
-    socklen_t sslen;
+    socklen_t sslen = 0;
     tern_status_t st = parse_address(addr, len, &ss, &sslen);
     if (st != TERN_OK)
         return st;
