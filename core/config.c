@@ -77,6 +77,14 @@ static const field_t fields[] = {
      .offset = OFF(tcp_sockbuf),
      .doc = "tcp provider: SO_SNDBUF/SO_RCVBUF of each connection; 0 leaves the kernel's "
             "autotuning"},
+    {.name = "TERN_EAGER_LIMIT", .group = "tern", .type = FIELD_SIZE, .dflt = "16k",
+     .offset = OFF(eager_limit),
+     .doc = "p2p messages up to this size go eagerly (one copy at the receiver); larger ones "
+            "by zero-copy rendezvous"},
+    {.name = "TERN_UNEXPECTED_MAX", .group = "tern", .type = FIELD_SIZE, .dflt = "64M",
+     .offset = OFF(unexpected_max),
+     .doc = "memory for eager messages that arrive before their receive; past it senders "
+            "switch to rendezvous"},
     {.name = "TERN_MASTER_ADDR", .group = "tern", .type = FIELD_STRING, .dflt = "",
      .offset = OFF(tern_master_addr), .size = sizeof(((tern__config_t *)0)->tern_master_addr),
      .doc = "host of tern's store, when it must differ from MASTER_ADDR"},

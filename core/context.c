@@ -14,12 +14,14 @@
 #include <tern/context.h>
 
 #include "core/config.h"
+#include "core/context.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/store.h"
 
 struct tern_ctx {
     unsigned rank, world_size, local_rank, local_world_size;
+    void *comm; /* the communication layer's state (p2p/runtime.c) */
     const char *launcher;
     tern__config_t cfg;
     int64_t timeout_ns;
@@ -219,13 +221,12 @@ static tern_status_t start_pool(tern_ctx_t *ctx, const tern_init_params_t *p)
     return st;
 }
 
-/* Undo whatever init got through; collective parts only when everyone joined. */
-static tern_status_t teardown(tern_ctx_t *ctx, bool collective)
+tern_status_t tern__ctx_teardown(tern_ctx_t *ctx, bool collective)
 {
     tern_status_t st = TERN_OK, st2;
 
-    if (collective && ctx->store != NULL)
-        st = tern_store_barrier(ctx->store, "tern/finalize", ctx->world_size, ctx->timeout_ns);
+    if (ctx == NULL)
+        return TERN_OK;
     st2 = tern_pool_destroy(ctx->pool);
     if (st == TERN_OK)
         st = st2;
@@ -242,7 +243,7 @@ static tern_status_t teardown(tern_ctx_t *ctx, bool collective)
     return st;
 }
 
-tern_status_t tern_init(const tern_init_params_t *params, tern_ctx_t **ctx_out)
+tern_status_t tern__ctx_bootstrap(const tern_init_params_t *params, tern_ctx_t **ctx_out)
 {
     tern_ctx_t *ctx;
     ids_t ids;
@@ -251,6 +252,7 @@ tern_status_t tern_init(const tern_init_params_t *params, tern_ctx_t **ctx_out)
 
     if (ctx_out == NULL)
         return tern__error(TERN_ERR_INVALID_PARAM, "tern_init: ctx_out is NULL");
+    *ctx_out = NULL;
     ctx = calloc(1, sizeof(*ctx));
     if (ctx == NULL)
         return tern__error(TERN_ERR_NO_MEMORY, "tern_init: no memory");
@@ -279,25 +281,34 @@ tern_status_t tern_init(const tern_init_params_t *params, tern_ctx_t **ctx_out)
     ctx->local_world_size = (unsigned)ids.local_world_size;
     if ((st = start_pool(ctx, params)) != TERN_OK)
         goto fail;
-    if ((st = tern_store_barrier(ctx->store, "tern/init", ctx->world_size, ctx->timeout_ns)) !=
-        TERN_OK)
-        goto fail;
     *ctx_out = ctx;
     return TERN_OK;
 fail:
     /* Teardown may record errors of its own; keep the one that made init fail. */
     snprintf(detail, sizeof(detail), "%s", tern_last_error());
-    tern_error("tern_init failed: %s (%s)", detail, tern_strerror(st));
-    teardown(ctx, false);
+    tern__ctx_teardown(ctx, false);
     tern__error(st, "%s", detail);
     return st;
 }
 
-tern_status_t tern_finalize(tern_ctx_t *ctx)
+const tern__config_t *tern__ctx_config(const tern_ctx_t *ctx)
 {
-    if (ctx == NULL)
-        return TERN_OK;
-    return teardown(ctx, true);
+    return &ctx->cfg;
+}
+
+int64_t tern__ctx_timeout(const tern_ctx_t *ctx)
+{
+    return ctx->timeout_ns;
+}
+
+void tern__ctx_set_comm(tern_ctx_t *ctx, void *comm)
+{
+    ctx->comm = comm;
+}
+
+void *tern__ctx_comm(const tern_ctx_t *ctx)
+{
+    return ctx->comm;
 }
 
 unsigned tern_ctx_rank(const tern_ctx_t *ctx)

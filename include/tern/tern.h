@@ -7,9 +7,12 @@
 #include <tern/context.h>
 #include <tern/defs.h>
 #include <tern/env.h>
+#include <tern/imm.h>
 #include <tern/log.h>
+#include <tern/p2p.h>
 #include <tern/pool.h>
 #include <tern/status.h>
 #include <tern/store.h>
+#include <tern/transport.h>
 
 #endif

@@ -1,0 +1,75 @@
+/*
+ * Point-to-point messaging between the ranks of a context, as
+ * torch.distributed's send/recv/isend/irecv and MPI's: tagged, matched on
+ * (source, tag) with TERN_ANY_SOURCE and TERN_ANY_TAG, and non-overtaking:
+ * two messages from one source that both match a receive are received in the
+ * order they were sent.
+ *
+ * Small messages go eagerly (one copy at the receiver); above TERN_EAGER_LIMIT
+ * the sender registers its buffer and the receiver reads it straight into its
+ * own (rendezvous, no copy). Messages that arrive before their receive is
+ * posted wait in a queue whose memory is bounded by TERN_UNEXPECTED_MAX: past
+ * it senders switch to rendezvous, which queues only a small header.
+ *
+ * Threading: any thread may call these; a request is waited on by one thread.
+ */
+#ifndef TERN_P2P_H
+#define TERN_P2P_H
+
+#include <stddef.h>
+
+#include <tern/context.h>
+#include <tern/defs.h>
+#include <tern/status.h>
+
+TERN_BEGIN_DECLS
+
+typedef struct tern_request tern_request_t;
+
+#define TERN_ANY_SOURCE (-1)
+#define TERN_ANY_TAG (-1)
+#define TERN_TAG_MAX 0x7fffffff
+
+/* What a completed receive got. */
+typedef struct tern_msg_info {
+    int source;
+    int tag;
+    size_t len; /* bytes the sender sent (more than the buffer on TERN_ERR_TRUNCATED) */
+} tern_msg_info_t;
+
+/*
+ * Start sending buf[0..len) to rank dst with tag (0..TERN_TAG_MAX). The buffer
+ * must stay untouched until the request completes. *req is set on TERN_OK;
+ * on error no request exists. A send to oneself is allowed.
+ */
+TERN_API tern_status_t tern_isend(tern_ctx_t *ctx, const void *buf, size_t len, int dst, int tag,
+                                  tern_request_t **req);
+
+/* Start receiving at most cap bytes into buf from src (or TERN_ANY_SOURCE) with
+ * tag (or TERN_ANY_TAG). A message longer than cap completes the request with
+ * TERN_ERR_TRUNCATED (the first cap bytes are delivered) and, for a rendezvous
+ * message, fails the sender's request with TERN_ERR_TRUNCATED too. */
+TERN_API tern_status_t tern_irecv(tern_ctx_t *ctx, void *buf, size_t cap, int src, int tag,
+                                  tern_request_t **req);
+
+/* Wait for the request, free it, and return its status (info may be NULL).
+ * timeout_ns < 0 waits for ever; on TERN_ERR_TIMEOUT the request stays valid. */
+TERN_API tern_status_t tern_request_wait(tern_request_t *req, int64_t timeout_ns,
+                                         tern_msg_info_t *info);
+
+/* Non-blocking: *done = 1 and the request freed (status returned) when it has
+ * completed; *done = 0 and TERN_OK otherwise. */
+TERN_API tern_status_t tern_request_test(tern_request_t *req, int *done, tern_msg_info_t *info);
+
+/* Blocking forms. */
+TERN_API tern_status_t tern_send(tern_ctx_t *ctx, const void *buf, size_t len, int dst, int tag);
+TERN_API tern_status_t tern_recv(tern_ctx_t *ctx, void *buf, size_t cap, int src, int tag,
+                                 tern_msg_info_t *info);
+
+/* The transport the context runs on: provider name and device, for reports. */
+TERN_API tern_status_t tern_ctx_transport(const tern_ctx_t *ctx, char *provider, size_t plen,
+                                          char *device, size_t dlen);
+
+TERN_END_DECLS
+
+#endif

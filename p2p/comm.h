@@ -1,0 +1,111 @@
+/*
+ * The communication state of a context (p2p/runtime.c) and the p2p protocol
+ * (p2p/p2p.c). One mutex guards the transport and every piece of p2p state:
+ * whoever holds it may progress the transport, and transport events (which
+ * run the protocol) arrive under it.
+ */
+#ifndef TERN_P2P_COMM_H
+#define TERN_P2P_COMM_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <tern/imm.h>
+#include <tern/p2p.h>
+#include <tern/transport.h>
+
+typedef struct tern__comm tern__comm_t;
+
+/* A handler for one immediate class, called under the comm lock. */
+typedef void (*tern__class_fn)(tern__comm_t *comm, const tern_event_t *ev, void *arg);
+
+typedef enum req_kind { REQ_SEND = 1, REQ_RECV = 2 } req_kind_t;
+
+struct tern_request {
+    tern__comm_t *comm;
+    req_kind_t kind;
+    atomic_int done;
+    tern_status_t status;
+    tern_msg_info_t info;
+    struct tern_request *next; /* in the posted-receive list or the rendezvous-send list */
+    uint32_t cid;              /* communicator id: 0 for user p2p, groups use others */
+    int peer;                  /* send: destination; recv: source or TERN_ANY_SOURCE */
+    int tag;
+    void *buf;
+    size_t len;                /* send: bytes; recv: capacity */
+    /* rendezvous */
+    uint64_t id;
+    tern_mr_t *mr;
+    tern_rkey_t *rkey;
+    int ops;                   /* transport operations in flight that name this request */
+    bool released;             /* the user has waited on it: free once ops is 0 */
+};
+
+/* A message that arrived before its receive was posted. */
+typedef struct unexp {
+    struct unexp *next;
+    uint32_t cid;
+    int src, tag;
+    size_t len;
+    void *data;        /* eager: a copy of the payload */
+    bool rndv;
+    uint64_t sreq;     /* rendezvous: the sender's request id */
+    uint64_t raddr;
+    uint32_t rkey_len;
+    uint8_t rkey[TERN_RKEY_MAX];
+} unexp_t;
+
+struct tern__comm {
+    tern_ctx_t *ctx;
+    unsigned rank, world;
+    tern_transport_t *tp;
+    tern_transport_attr_t attr;
+    pthread_mutex_t lock;
+    pthread_cond_t done_cv;   /* broadcast (under lock) whenever a request completes */
+    pthread_cond_t idle_cv;   /* the progress thread sleeps on it while a waiter spins */
+    pthread_t thread;
+    bool thread_started;
+    atomic_bool stop;
+    atomic_int spinning;      /* user threads progressing the transport themselves */
+    bool busy_poll;
+    tern_ep_t **eps;          /* [world], created on first use */
+    tern__class_fn handlers[16];
+    void *handler_args[16];
+    tern_status_t *peer_failed; /* [world]: sticky once a peer is lost */
+    /* p2p */
+    size_t eager_limit;
+    size_t credit_per_peer;
+    int64_t *credits;         /* [world] eager bytes this rank may still send to each peer */
+    size_t *consumed;         /* [world] eager bytes from each peer consumed, not yet returned */
+    size_t unexpected_bytes;
+    tern_request_t *posted_head, *posted_tail;
+    unexp_t *unexp_head, *unexp_tail;
+    tern_request_t *rndv_sends; /* sends waiting for their FIN */
+    uint64_t next_id;
+};
+
+/* The comm of a context (after tern_init). */
+tern__comm_t *tern__comm(tern_ctx_t *ctx);
+
+/* The endpoint to rank r, created (address from the store) on first use.
+ * Called with the lock held; may block on the store the first time. */
+tern_status_t tern__comm_ep(tern__comm_t *comm, int r, tern_ep_t **ep);
+
+/* Route events of an immediate class to fn. */
+void tern__comm_set_handler(tern__comm_t *comm, tern_imm_class_t cls, tern__class_fn fn, void *arg);
+
+/* Mark req complete (lock held) and wake its waiter. */
+void tern__req_complete(tern_request_t *req, tern_status_t status);
+
+/* p2p.c: the protocol */
+tern_status_t tern__p2p_init(tern__comm_t *comm);
+void tern__p2p_fini(tern__comm_t *comm);
+void tern__p2p_peer_lost(tern__comm_t *comm, int peer, tern_status_t why);
+tern_status_t tern__p2p_isend(tern__comm_t *comm, uint32_t cid, const void *buf, size_t len,
+                              int dst, int tag, tern_request_t **req);
+tern_status_t tern__p2p_irecv(tern__comm_t *comm, uint32_t cid, void *buf, size_t cap, int src,
+                              int tag, tern_request_t **req);
+
+#endif

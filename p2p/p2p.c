@@ -1,0 +1,631 @@
+/*
+ * The point-to-point protocol.
+ *
+ * Eager (class P2P_EAGER): header {cid u32, tag i32} + payload, copied into a
+ * bounce buffer at the sender (so the send completes at once, as MPI's
+ * buffered eager sends do) and into the user's buffer at the receiver.
+ *
+ * Rendezvous (class P2P_RNDV): the sender registers its buffer and sends a
+ * ready-to-send {cid, tag, len, sender request id, address, packed key}; the
+ * matching receiver registers its buffer, gets the data straight into it, and
+ * answers FIN {sender request id, status}, which completes the sender.
+ *
+ * Control (class CONTROL, slot = kind): FIN; CREDIT {bytes}, returning eager
+ * credit; NACK {tag, len, cap}, telling an eager sender its message was
+ * truncated.
+ *
+ * Memory bound. Each sender may have at most credit_per_peer bytes of eager
+ * payload outstanding at each receiver (TERN_UNEXPECTED_MAX / world); the
+ * receiver returns credit as it consumes messages. Out of credit, messages go
+ * by rendezvous, whose unexpected entry is a small header. So the unexpected
+ * queue never holds more than TERN_UNEXPECTED_MAX bytes of payload.
+ *
+ * Matching. Posted receives and unexpected messages are kept in order; an
+ * arrival takes the first posted receive that matches (cid, source, tag), and a
+ * new receive takes the first unexpected message that matches. With the
+ * transport's per-endpoint ordering this gives MPI's non-overtaking rule.
+ *
+ * Everything here runs under the comm lock.
+ */
+#include <endian.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/config.h"
+#include "core/context.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "p2p/comm.h"
+
+enum ctrl { CTRL_FIN = 1, CTRL_CREDIT = 2, CTRL_NACK = 3 };
+
+#define EAGER_HDR 8
+#define RTS_HDR 36
+
+static void put32(uint8_t *p, uint32_t v)
+{
+    v = htole32(v);
+    memcpy(p, &v, 4);
+}
+
+static void put64(uint8_t *p, uint64_t v)
+{
+    v = htole64(v);
+    memcpy(p, &v, 8);
+}
+
+static uint32_t get32(const uint8_t *p)
+{
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return le32toh(v);
+}
+
+static uint64_t get64(const uint8_t *p)
+{
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return le64toh(v);
+}
+
+/* A message of the protocol's own that must outlive the call that sends it. */
+typedef struct bounce {
+    size_t len;
+    uint8_t data[];
+} bounce_t;
+
+static void bounce_done(void *arg, tern_status_t st)
+{
+    (void)st; /* a lost message shows up as the peer's loss */
+    free(arg);
+}
+
+/* Send len bytes of b (consumed either way) to dst with imm. */
+static tern_status_t send_bounce(tern__comm_t *comm, int dst, uint32_t imm, bounce_t *b)
+{
+    tern_ep_t *ep;
+    tern_status_t st = tern__comm_ep(comm, dst, &ep);
+    if (st == TERN_OK) {
+        tern_op_params_t op = {.field_mask = TERN_OP_PARAM_CB, .cb = bounce_done, .cb_arg = b};
+        st = tern_ep_send(ep, imm, b->data, b->len, &op);
+    }
+    if (st == TERN_INPROGRESS)
+        return TERN_OK;
+    free(b);
+    return st;
+}
+
+static bounce_t *bounce_new(size_t len)
+{
+    bounce_t *b = malloc(sizeof(*b) + (len ? len : 1));
+    if (b != NULL)
+        b->len = len;
+    return b;
+}
+
+static void send_ctrl(tern__comm_t *comm, int dst, enum ctrl kind, const uint8_t *payload, size_t len)
+{
+    bounce_t *b = bounce_new(len);
+    if (b == NULL) {
+        tern_error("p2p: no memory for a control message to rank %d", dst);
+        return;
+    }
+    memcpy(b->data, payload, len);
+    if (send_bounce(comm, dst, tern_imm_make(TERN_IMM_CONTROL, 0, 0, kind), b) != TERN_OK)
+        tern_warn("p2p: control message %d to rank %d not sent: %s", kind, dst, tern_last_error());
+}
+
+static void send_fin(tern__comm_t *comm, int dst, uint64_t sreq, tern_status_t st)
+{
+    uint8_t msg[12];
+    if ((unsigned)dst < comm->world && comm->peer_failed[dst] != TERN_OK)
+        return;
+    put64(msg, sreq);
+    put32(msg + 8, (uint32_t)st);
+    send_ctrl(comm, dst, CTRL_FIN, msg, sizeof(msg));
+}
+
+/* Count consumed eager bytes from src; hand credit back in batches. */
+static void consumed(tern__comm_t *comm, int src, size_t bytes)
+{
+    comm->consumed[src] += bytes;
+    if (comm->consumed[src] >= comm->credit_per_peer / 4) {
+        uint8_t msg[8];
+        put64(msg, comm->consumed[src]);
+        comm->consumed[src] = 0;
+        send_ctrl(comm, src, CTRL_CREDIT, msg, sizeof(msg));
+    }
+}
+
+static bool matches(const tern_request_t *r, uint32_t cid, int src, int tag)
+{
+    return r->cid == cid && (r->peer == TERN_ANY_SOURCE || r->peer == src) &&
+           (r->tag == TERN_ANY_TAG || r->tag == tag);
+}
+
+/* Free a request the user has released once nothing names it any more. */
+static void req_maybe_free(tern_request_t *req)
+{
+    if (req->released && req->ops == 0)
+        free(req);
+}
+
+/* ---- receiving ---- */
+
+/* Deliver an eager payload to a matched receive. */
+static void deliver_eager(tern__comm_t *comm, tern_request_t *req, int src, int tag,
+                          const uint8_t *data, size_t len)
+{
+    size_t n = len < req->len ? len : req->len;
+    if (n > 0)
+        memcpy(req->buf, data, n);
+    req->info = (tern_msg_info_t){.source = src, .tag = tag, .len = len};
+    consumed(comm, src, len);
+    if (len > req->len) {
+        uint8_t msg[20];
+        put32(msg, (uint32_t)tag);
+        put64(msg + 4, len);
+        put64(msg + 12, req->len);
+        send_ctrl(comm, src, CTRL_NACK, msg, sizeof(msg));
+        tern__req_complete(req, TERN_ERR_TRUNCATED);
+        return;
+    }
+    tern__req_complete(req, TERN_OK);
+}
+
+static void get_done(void *arg, tern_status_t st)
+{
+    tern_request_t *req = arg;
+    tern__comm_t *comm = req->comm;
+    int src = req->info.source;
+    bool truncated = req->info.len > req->len;
+
+    req->ops--;
+    tern_rkey_release(req->rkey);
+    tern_mr_dereg(req->mr);
+    req->rkey = NULL;
+    req->mr = NULL;
+    if (!atomic_load(&req->done)) {
+        tern_status_t fin = st != TERN_OK ? st : truncated ? TERN_ERR_TRUNCATED : TERN_OK;
+        send_fin(comm, src, req->id, fin);
+        tern__req_complete(req, fin);
+    }
+    req_maybe_free(req);
+}
+
+/* A rendezvous message matched req: read it straight into the user's buffer. */
+static void start_get(tern__comm_t *comm, tern_request_t *req, int src, int tag, size_t len,
+                      uint64_t sreq, uint64_t raddr, const uint8_t *rkey, uint32_t rkey_len)
+{
+    tern_ep_t *ep;
+    size_t n = len < req->len ? len : req->len;
+    tern_status_t st;
+
+    req->info = (tern_msg_info_t){.source = src, .tag = tag, .len = len};
+    req->id = sreq;
+    if ((st = tern__comm_ep(comm, src, &ep)) != TERN_OK)
+        goto fail;
+    tern_mr_params_t mp = {.field_mask = TERN_MR_PARAM_ACCESS, .access = TERN_ACCESS_LOCAL};
+    if ((st = tern_mr_reg(comm->tp, req->buf, n, &mp, &req->mr)) != TERN_OK)
+        goto fail;
+    if ((st = tern_rkey_unpack(ep, rkey, rkey_len, &req->rkey)) != TERN_OK)
+        goto fail;
+    tern_op_params_t op = {.field_mask = TERN_OP_PARAM_CB | TERN_OP_PARAM_MR,
+                           .cb = get_done, .cb_arg = req, .mr = req->mr};
+    req->ops++;
+    st = tern_ep_get(ep, req->buf, n, raddr, req->rkey, &op);
+    if (st == TERN_OK) {
+        get_done(req, TERN_OK);
+        return;
+    }
+    if (st == TERN_INPROGRESS)
+        return;
+    req->ops--;
+fail:
+    tern_rkey_release(req->rkey);
+    tern_mr_dereg(req->mr);
+    req->rkey = NULL;
+    req->mr = NULL;
+    send_fin(comm, src, sreq, st);
+    tern__req_complete(req, st);
+}
+
+/* The first posted receive matching an arrival, unlinked. */
+static tern_request_t *take_posted(tern__comm_t *comm, uint32_t cid, int src, int tag)
+{
+    tern_request_t **pp, *prev = NULL;
+    for (pp = &comm->posted_head; *pp != NULL; prev = *pp, pp = &(*pp)->next) {
+        tern_request_t *r = *pp;
+        if (matches(r, cid, src, tag)) {
+            *pp = r->next;
+            if (comm->posted_tail == r)
+                comm->posted_tail = prev;
+            return r;
+        }
+    }
+    return NULL;
+}
+
+static void append_unexp(tern__comm_t *comm, unexp_t *u)
+{
+    u->next = NULL;
+    if (comm->unexp_tail)
+        comm->unexp_tail->next = u;
+    else
+        comm->unexp_head = u;
+    comm->unexp_tail = u;
+}
+
+static void on_eager(tern__comm_t *comm, const tern_event_t *ev, void *arg)
+{
+    (void)arg;
+    int src = (int)ev->src;
+    if (ev->type != TERN_EVENT_RECV || ev->len < EAGER_HDR || ev->src >= comm->world) {
+        tern_warn("p2p: malformed eager message from rank %u (%zu bytes); dropped", ev->src, ev->len);
+        return;
+    }
+    const uint8_t *p = ev->data;
+    uint32_t cid = get32(p);
+    int tag = (int32_t)get32(p + 4);
+    size_t len = ev->len - EAGER_HDR;
+    tern_request_t *req = take_posted(comm, cid, src, tag);
+    if (req != NULL) {
+        deliver_eager(comm, req, src, tag, p + EAGER_HDR, len);
+        return;
+    }
+    /* Credit bounds this; a peer that ignores it is refused rather than let
+     * grow us without limit. */
+    if (comm->unexpected_bytes + len > comm->credit_per_peer * comm->world) {
+        tern_error("p2p: rank %d sent %zu eager bytes beyond its credit; message (tag %d) dropped",
+                   src, len, tag);
+        return;
+    }
+    unexp_t *u = calloc(1, sizeof(*u));
+    void *copy = len ? malloc(len) : NULL;
+    if (u == NULL || (len && copy == NULL)) {
+        free(u);
+        free(copy);
+        tern_error("p2p: no memory to queue a %zu-byte message from rank %d; dropped", len, src);
+        return;
+    }
+    if (len)
+        memcpy(copy, p + EAGER_HDR, len);
+    *u = (unexp_t){.cid = cid, .src = src, .tag = tag, .len = len, .data = copy};
+    comm->unexpected_bytes += len;
+    append_unexp(comm, u);
+}
+
+static void on_rts(tern__comm_t *comm, const tern_event_t *ev, void *arg)
+{
+    (void)arg;
+    int src = (int)ev->src;
+    const uint8_t *p = ev->data;
+    uint32_t rkey_len;
+    if (ev->type != TERN_EVENT_RECV || ev->len < RTS_HDR || ev->src >= comm->world ||
+        (rkey_len = get32(p + 32)) > TERN_RKEY_MAX || ev->len != RTS_HDR + rkey_len) {
+        tern_warn("p2p: malformed rendezvous message from rank %u (%zu bytes); dropped", ev->src,
+                  ev->len);
+        return;
+    }
+    uint32_t cid = get32(p);
+    int tag = (int32_t)get32(p + 4);
+    uint64_t len = get64(p + 8), sreq = get64(p + 16), raddr = get64(p + 24);
+    tern_request_t *req = take_posted(comm, cid, src, tag);
+    if (req != NULL) {
+        start_get(comm, req, src, tag, (size_t)len, sreq, raddr, p + RTS_HDR, rkey_len);
+        return;
+    }
+    unexp_t *u = calloc(1, sizeof(*u));
+    if (u == NULL) {
+        tern_error("p2p: no memory to queue a rendezvous from rank %d", src);
+        send_fin(comm, src, sreq, TERN_ERR_NO_MEMORY);
+        return;
+    }
+    *u = (unexp_t){.cid = cid, .src = src, .tag = tag, .len = (size_t)len, .rndv = true,
+                   .sreq = sreq, .raddr = raddr, .rkey_len = rkey_len};
+    memcpy(u->rkey, p + RTS_HDR, rkey_len);
+    append_unexp(comm, u);
+}
+
+static void on_control(tern__comm_t *comm, const tern_event_t *ev, void *arg)
+{
+    (void)arg;
+    const uint8_t *p = ev->data;
+    if (ev->type == TERN_EVENT_ERROR) {
+        tern_warn("p2p: rank %u refused an operation: %s", ev->src, tern_strerror(ev->status));
+        return;
+    }
+    if (ev->src >= comm->world)
+        return;
+    switch (tern_imm_slot(ev->imm)) {
+    case CTRL_FIN: {
+        if (ev->len != 12)
+            break;
+        uint64_t id = get64(p);
+        tern_status_t st = (tern_status_t)(int32_t)get32(p + 8);
+        tern_request_t **pp;
+        for (pp = &comm->rndv_sends; *pp != NULL; pp = &(*pp)->next) {
+            tern_request_t *r = *pp;
+            if (r->id == id && r->peer == (int)ev->src) {
+                *pp = r->next;
+                tern_mr_dereg(r->mr);
+                r->mr = NULL;
+                tern__req_complete(r, st);
+                req_maybe_free(r);
+                return;
+            }
+        }
+        tern_warn("p2p: FIN for unknown send %" PRIu64 " from rank %u", id, ev->src);
+        return;
+    }
+    case CTRL_CREDIT:
+        if (ev->len != 8)
+            break;
+        comm->credits[ev->src] += (int64_t)get64(p);
+        return;
+    case CTRL_NACK:
+        if (ev->len != 20)
+            break;
+        tern_warn("rank %u truncated our %" PRIu64 "-byte message (tag %d) to its %" PRIu64
+                  "-byte buffer",
+                  ev->src, get64(p + 4), (int32_t)get32(p), get64(p + 12));
+        return;
+    default:
+        break;
+    }
+    tern_warn("p2p: malformed control message from rank %u; dropped", ev->src);
+}
+
+/* ---- posting ---- */
+
+tern_status_t tern__p2p_isend(tern__comm_t *comm, uint32_t cid, const void *buf, size_t len,
+                              int dst, int tag, tern_request_t **req_out)
+{
+    tern_request_t *req;
+    tern_status_t st;
+
+    if (req_out == NULL || (buf == NULL && len > 0) || tag < 0)
+        return tern__error(TERN_ERR_INVALID_PARAM, "isend: %s",
+                           tag < 0 ? "tag must be 0..TERN_TAG_MAX" : "NULL argument");
+    if (dst < 0 || (unsigned)dst >= comm->world)
+        return tern__error(TERN_ERR_INVALID_PARAM, "isend: rank %d is not in the world of %u", dst,
+                           comm->world);
+    req = calloc(1, sizeof(*req));
+    if (req == NULL)
+        return tern__error(TERN_ERR_NO_MEMORY, "isend: no memory");
+    *req = (tern_request_t){.comm = comm, .kind = REQ_SEND, .cid = cid, .peer = dst, .tag = tag,
+                            .buf = (void *)buf, .len = len};
+    req->info = (tern_msg_info_t){.source = dst, .tag = tag, .len = len};
+
+    pthread_mutex_lock(&comm->lock);
+    if (len <= comm->eager_limit && comm->credits[dst] >= (int64_t)len) {
+        bounce_t *b = bounce_new(EAGER_HDR + len);
+        if (b == NULL) {
+            st = tern__error(TERN_ERR_NO_MEMORY, "isend: no memory for %zu bytes", len);
+            goto fail;
+        }
+        put32(b->data, cid);
+        put32(b->data + 4, (uint32_t)tag);
+        if (len)
+            memcpy(b->data + EAGER_HDR, buf, len);
+        st = send_bounce(comm, dst, tern_imm_make(TERN_IMM_P2P_EAGER, 0, 0, 0), b);
+        if (st != TERN_OK)
+            goto fail;
+        comm->credits[dst] -= (int64_t)len;
+        tern__req_complete(req, TERN_OK); /* the payload is ours now: the buffer is free */
+    } else {
+        uint8_t key[TERN_RKEY_MAX];
+        size_t klen = sizeof(key);
+        tern_mr_params_t mp = {.field_mask = TERN_MR_PARAM_ACCESS,
+                               .access = TERN_ACCESS_LOCAL | TERN_ACCESS_REMOTE_READ};
+        if ((st = tern_mr_reg(comm->tp, (void *)buf, len, &mp, &req->mr)) != TERN_OK)
+            goto fail;
+        if ((st = tern_mr_pack(req->mr, key, &klen)) != TERN_OK)
+            goto fail;
+        bounce_t *b = bounce_new(RTS_HDR + klen);
+        if (b == NULL) {
+            st = tern__error(TERN_ERR_NO_MEMORY, "isend: no memory");
+            goto fail;
+        }
+        req->id = ++comm->next_id;
+        put32(b->data, cid);
+        put32(b->data + 4, (uint32_t)tag);
+        put64(b->data + 8, len);
+        put64(b->data + 16, req->id);
+        put64(b->data + 24, (uintptr_t)buf);
+        put32(b->data + 32, (uint32_t)klen);
+        memcpy(b->data + RTS_HDR, key, klen);
+        if ((st = send_bounce(comm, dst, tern_imm_make(TERN_IMM_P2P_RNDV, 0, 0, 0), b)) != TERN_OK)
+            goto fail;
+        req->next = comm->rndv_sends;
+        comm->rndv_sends = req;
+    }
+    pthread_mutex_unlock(&comm->lock);
+    *req_out = req;
+    return TERN_OK;
+fail:
+    tern_mr_dereg(req->mr);
+    pthread_mutex_unlock(&comm->lock);
+    free(req);
+    return st;
+}
+
+tern_status_t tern__p2p_irecv(tern__comm_t *comm, uint32_t cid, void *buf, size_t cap, int src,
+                              int tag, tern_request_t **req_out)
+{
+    tern_request_t *req;
+    unexp_t **pp, *u = NULL, *prev = NULL;
+
+    if (req_out == NULL || (buf == NULL && cap > 0) || tag < TERN_ANY_TAG)
+        return tern__error(TERN_ERR_INVALID_PARAM, "irecv: %s",
+                           tag < TERN_ANY_TAG ? "tag must be TERN_ANY_TAG or 0..TERN_TAG_MAX"
+                                              : "NULL argument");
+    if (src != TERN_ANY_SOURCE && (src < 0 || (unsigned)src >= comm->world))
+        return tern__error(TERN_ERR_INVALID_PARAM, "irecv: rank %d is not in the world of %u", src,
+                           comm->world);
+    req = calloc(1, sizeof(*req));
+    if (req == NULL)
+        return tern__error(TERN_ERR_NO_MEMORY, "irecv: no memory");
+    *req = (tern_request_t){.comm = comm, .kind = REQ_RECV, .cid = cid, .peer = src, .tag = tag,
+                            .buf = buf, .len = cap};
+
+    pthread_mutex_lock(&comm->lock);
+    if (src != TERN_ANY_SOURCE && comm->peer_failed[src] != TERN_OK) {
+        tern_status_t st = comm->peer_failed[src];
+        pthread_mutex_unlock(&comm->lock);
+        free(req);
+        return tern__error(st, "irecv: rank %d was lost", src);
+    }
+    for (pp = &comm->unexp_head; *pp != NULL; prev = *pp, pp = &(*pp)->next) {
+        unexp_t *e = *pp;
+        if (matches(req, e->cid, e->src, e->tag)) {
+            u = e;
+            *pp = e->next;
+            if (comm->unexp_tail == e)
+                comm->unexp_tail = prev;
+            break;
+        }
+    }
+    if (u == NULL) {
+        if (comm->posted_tail)
+            comm->posted_tail->next = req;
+        else
+            comm->posted_head = req;
+        comm->posted_tail = req;
+    } else if (u->rndv) {
+        start_get(comm, req, u->src, u->tag, u->len, u->sreq, u->raddr, u->rkey, u->rkey_len);
+        free(u);
+    } else {
+        comm->unexpected_bytes -= u->len;
+        deliver_eager(comm, req, u->src, u->tag, u->data, u->len);
+        free(u->data);
+        free(u);
+    }
+    pthread_mutex_unlock(&comm->lock);
+    *req_out = req;
+    return TERN_OK;
+}
+
+/* ---- life cycle ---- */
+
+void tern__p2p_peer_lost(tern__comm_t *comm, int peer, tern_status_t why)
+{
+    tern_request_t **pp;
+    /* Receives waiting on that rank alone can never complete. */
+    for (pp = &comm->posted_head; *pp != NULL;) {
+        tern_request_t *r = *pp;
+        if (r->peer == peer) {
+            *pp = r->next;
+            if (comm->posted_tail == r) {
+                comm->posted_tail = NULL;
+                for (tern_request_t *t = comm->posted_head; t; t = t->next)
+                    comm->posted_tail = t;
+            }
+            tern__req_complete(r, why);
+            req_maybe_free(r);
+        } else {
+            pp = &r->next;
+        }
+    }
+    /* Rendezvous sends to it will never see their FIN. */
+    for (pp = &comm->rndv_sends; *pp != NULL;) {
+        tern_request_t *r = *pp;
+        if (r->peer == peer) {
+            *pp = r->next;
+            tern_mr_dereg(r->mr);
+            r->mr = NULL;
+            tern__req_complete(r, why);
+            req_maybe_free(r);
+        } else {
+            pp = &r->next;
+        }
+    }
+}
+
+tern_status_t tern__p2p_init(tern__comm_t *comm)
+{
+    const tern__config_t *cfg = tern__ctx_config(comm->ctx);
+    comm->eager_limit = cfg->eager_limit;
+    if (comm->eager_limit > comm->attr.max_send - EAGER_HDR)
+        comm->eager_limit = comm->attr.max_send - EAGER_HDR;
+    comm->credit_per_peer = cfg->unexpected_max / comm->world;
+    comm->credits = calloc(comm->world, sizeof(*comm->credits));
+    comm->consumed = calloc(comm->world, sizeof(*comm->consumed));
+    if (comm->credits == NULL || comm->consumed == NULL)
+        return tern__error(TERN_ERR_NO_MEMORY, "p2p: no memory");
+    for (unsigned r = 0; r < comm->world; r++)
+        comm->credits[r] = (int64_t)comm->credit_per_peer;
+    tern__comm_set_handler(comm, TERN_IMM_P2P_EAGER, on_eager, NULL);
+    tern__comm_set_handler(comm, TERN_IMM_P2P_RNDV, on_rts, NULL);
+    tern__comm_set_handler(comm, TERN_IMM_CONTROL, on_control, NULL);
+    return TERN_OK;
+}
+
+void tern__p2p_fini(tern__comm_t *comm)
+{
+    while (comm->unexp_head != NULL) {
+        unexp_t *u = comm->unexp_head;
+        comm->unexp_head = u->next;
+        free(u->data);
+        free(u);
+    }
+    comm->unexp_tail = NULL;
+    /* Requests still held by the user are theirs to wait on; fail them. */
+    while (comm->posted_head != NULL) {
+        tern_request_t *r = comm->posted_head;
+        comm->posted_head = r->next;
+        tern__req_complete(r, TERN_ERR_CANCELED);
+    }
+    while (comm->rndv_sends != NULL) {
+        tern_request_t *r = comm->rndv_sends;
+        comm->rndv_sends = r->next;
+        tern_mr_dereg(r->mr);
+        r->mr = NULL;
+        tern__req_complete(r, TERN_ERR_CANCELED);
+    }
+    free(comm->credits);
+    free(comm->consumed);
+    comm->credits = NULL;
+    comm->consumed = NULL;
+}
+
+/* ---- the public calls ---- */
+
+static tern__comm_t *comm_of(tern_ctx_t *ctx)
+{
+    tern__comm_t *comm = tern__comm(ctx);
+    if (comm == NULL)
+        tern__error(TERN_ERR_INVALID_PARAM, "p2p: the context is not initialized");
+    return comm;
+}
+
+tern_status_t tern_isend(tern_ctx_t *ctx, const void *buf, size_t len, int dst, int tag,
+                         tern_request_t **req)
+{
+    tern__comm_t *comm = comm_of(ctx);
+    return comm ? tern__p2p_isend(comm, 0, buf, len, dst, tag, req) : TERN_ERR_INVALID_PARAM;
+}
+
+tern_status_t tern_irecv(tern_ctx_t *ctx, void *buf, size_t cap, int src, int tag,
+                         tern_request_t **req)
+{
+    tern__comm_t *comm = comm_of(ctx);
+    return comm ? tern__p2p_irecv(comm, 0, buf, cap, src, tag, req) : TERN_ERR_INVALID_PARAM;
+}
+
+tern_status_t tern_send(tern_ctx_t *ctx, const void *buf, size_t len, int dst, int tag)
+{
+    tern_request_t *req;
+    tern_status_t st = tern_isend(ctx, buf, len, dst, tag, &req);
+    return st == TERN_OK ? tern_request_wait(req, -1, NULL) : st;
+}
+
+tern_status_t tern_recv(tern_ctx_t *ctx, void *buf, size_t cap, int src, int tag,
+                        tern_msg_info_t *info)
+{
+    tern_request_t *req;
+    tern_status_t st = tern_irecv(ctx, buf, cap, src, tag, &req);
+    return st == TERN_OK ? tern_request_wait(req, -1, info) : st;
+}

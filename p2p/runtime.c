@@ -1,0 +1,351 @@
+/*
+ * tern_init / tern_finalize and the machinery under every request: the
+ * transport, endpoints made on first use, one progress thread, and waiting.
+ *
+ * Progress. One mutex guards the transport and the p2p state. A thread that
+ * waits on a request first progresses the transport itself for a short spin
+ * (the lowest latency: no hand-off between threads); while it does, the
+ * progress thread stays asleep so the two do not fight over the cores. After
+ * the spin the waiter sleeps on a condition and the progress thread takes over,
+ * sleeping on the transport's fd when idle (TERN_POLL=blocking) or spinning
+ * (TERN_POLL=busy).
+ */
+#include <errno.h>
+#include <poll.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <tern/clock.h>
+#include <tern/context.h>
+#include <tern/p2p.h>
+
+#include "core/context.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "p2p/comm.h"
+
+/* How long a waiter progresses by itself before it sleeps (blocking mode). */
+#define SPIN_NS (200 * 1000)
+
+tern__comm_t *tern__comm(tern_ctx_t *ctx)
+{
+    return ctx ? tern__ctx_comm(ctx) : NULL;
+}
+
+static void on_event(const tern_event_t *ev, void *arg)
+{
+    tern__comm_t *comm = arg;
+    if (ev->type == TERN_EVENT_ERROR && ev->status == TERN_ERR_PEER_LOST) {
+        if (ev->src < comm->world && comm->peer_failed[ev->src] == TERN_OK) {
+            tern_warn("lost rank %u", ev->src);
+            comm->peer_failed[ev->src] = TERN_ERR_PEER_LOST;
+            tern__p2p_peer_lost(comm, (int)ev->src, TERN_ERR_PEER_LOST);
+        }
+        return;
+    }
+    unsigned cls = tern_imm_class(ev->imm);
+    if (cls < 16 && comm->handlers[cls] != NULL) {
+        comm->handlers[cls](comm, ev, comm->handler_args[cls]);
+        return;
+    }
+    if (ev->type == TERN_EVENT_ERROR)
+        tern_warn("transport error from rank %u: %s", ev->src, tern_strerror(ev->status));
+    else
+        tern_warn("dropped a message of unknown class %u from rank %u", cls, ev->src);
+}
+
+void tern__comm_set_handler(tern__comm_t *comm, tern_imm_class_t cls, tern__class_fn fn, void *arg)
+{
+    comm->handlers[cls] = fn;
+    comm->handler_args[cls] = arg;
+}
+
+static void addr_key(char *key, size_t size, int r)
+{
+    snprintf(key, size, "tern/transport/%d", r);
+}
+
+tern_status_t tern__comm_ep(tern__comm_t *comm, int r, tern_ep_t **ep)
+{
+    char key[64];
+    void *addr = NULL;
+    size_t len = 0;
+    tern_status_t st;
+
+    if (r < 0 || (unsigned)r >= comm->world)
+        return tern__error(TERN_ERR_INVALID_PARAM, "rank %d is not in the world of %u", r, comm->world);
+    if (comm->peer_failed[r] != TERN_OK)
+        return tern__error(comm->peer_failed[r], "rank %d was lost", r);
+    if (comm->eps[r] != NULL) {
+        *ep = comm->eps[r];
+        return TERN_OK;
+    }
+    /* Every rank published its address before the init barrier, so this get
+     * answers at once. */
+    addr_key(key, sizeof(key), r);
+    st = tern_store_get(tern_ctx_store(comm->ctx), key, &addr, &len, TERN_TIMEOUT_DEFAULT);
+    if (st != TERN_OK)
+        return st;
+    st = tern_ep_create(comm->tp, (uint32_t)r, addr, len, &comm->eps[r]);
+    free(addr);
+    if (st == TERN_OK)
+        *ep = comm->eps[r];
+    return st;
+}
+
+void tern__req_complete(tern_request_t *req, tern_status_t status)
+{
+    req->status = status;
+    atomic_store_explicit(&req->done, 1, memory_order_release);
+    pthread_cond_broadcast(&req->comm->done_cv);
+}
+
+/* ---- progress ---- */
+
+static void *progress_main(void *arg)
+{
+    tern__comm_t *comm = arg;
+    int fd = tern_transport_fd(comm->tp);
+
+    tern__log_set_rank((int)comm->rank);
+    while (!atomic_load(&comm->stop)) {
+        pthread_mutex_lock(&comm->lock);
+        /* A waiter is progressing: stay out of its way. */
+        while (atomic_load(&comm->spinning) > 0 && !atomic_load(&comm->stop))
+            pthread_cond_wait(&comm->idle_cv, &comm->lock);
+        int n = tern_transport_progress(comm->tp);
+        bool may_sleep = n == 0 && !comm->busy_poll && fd >= 0 &&
+                         tern_transport_arm(comm->tp) == TERN_OK;
+        pthread_mutex_unlock(&comm->lock);
+        if (n > 0)
+            continue;
+        if (!may_sleep) {
+            sched_yield();
+            continue;
+        }
+        /* Wake at least every 100 ms to notice stop. */
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        poll(&p, 1, 100);
+    }
+    return NULL;
+}
+
+/* ---- init / finalize ---- */
+
+static void comm_free(tern__comm_t *comm)
+{
+    if (comm == NULL)
+        return;
+    if (comm->thread_started) {
+        atomic_store(&comm->stop, true);
+        pthread_mutex_lock(&comm->lock);
+        pthread_cond_broadcast(&comm->idle_cv);
+        pthread_mutex_unlock(&comm->lock);
+        pthread_join(comm->thread, NULL);
+    }
+    tern__p2p_fini(comm);
+    for (unsigned r = 0; comm->eps != NULL && r < comm->world; r++)
+        tern_ep_destroy(comm->eps[r]);
+    tern_transport_close(comm->tp);
+    pthread_cond_destroy(&comm->idle_cv);
+    pthread_cond_destroy(&comm->done_cv);
+    pthread_mutex_destroy(&comm->lock);
+    free(comm->eps);
+    free(comm->peer_failed);
+    free(comm);
+}
+
+static tern_status_t comm_open(tern_ctx_t *ctx)
+{
+    const tern__config_t *cfg = tern__ctx_config(ctx);
+    tern__comm_t *comm = calloc(1, sizeof(*comm));
+    tern_status_t st;
+    char key[64];
+    uint8_t addr[TERN_ADDR_MAX];
+    size_t alen = sizeof(addr);
+
+    if (comm == NULL)
+        return tern__error(TERN_ERR_NO_MEMORY, "tern_init: no memory");
+    comm->ctx = ctx;
+    comm->rank = tern_ctx_rank(ctx);
+    comm->world = tern_ctx_world_size(ctx);
+    comm->busy_poll = cfg->poll == 1;
+    pthread_mutex_init(&comm->lock, NULL);
+    pthread_cond_init(&comm->done_cv, NULL);
+    pthread_cond_init(&comm->idle_cv, NULL);
+    comm->eps = calloc(comm->world, sizeof(*comm->eps));
+    comm->peer_failed = calloc(comm->world, sizeof(*comm->peer_failed));
+    if (comm->eps == NULL || comm->peer_failed == NULL) {
+        st = tern__error(TERN_ERR_NO_MEMORY, "tern_init: no memory");
+        goto fail;
+    }
+    /* The master's address tells the tcp provider which interface the other
+     * ranks reach us on. */
+    tern_transport_params_t tp = {
+        .field_mask = TERN_TRANSPORT_PARAM_SELF_ID | TERN_TRANSPORT_PARAM_EVENT |
+                      TERN_TRANSPORT_PARAM_PEER_HINT,
+        .self_id = comm->rank,
+        .on_event = on_event,
+        .event_arg = comm,
+        .peer_hint = cfg->tern_master_addr[0] ? cfg->tern_master_addr : cfg->master_addr,
+    };
+    if ((st = tern_transport_open(&tp, &comm->tp)) != TERN_OK)
+        goto fail;
+    tern_transport_query(comm->tp, &comm->attr);
+    if ((st = tern__p2p_init(comm)) != TERN_OK)
+        goto fail;
+    if ((st = tern_transport_address(comm->tp, addr, &alen)) != TERN_OK)
+        goto fail;
+    addr_key(key, sizeof(key), (int)comm->rank);
+    if ((st = tern_store_set(tern_ctx_store(ctx), key, addr, alen)) != TERN_OK)
+        goto fail;
+    int rc = pthread_create(&comm->thread, NULL, progress_main, comm);
+    if (rc != 0) {
+        st = tern__error_errno(TERN_ERR_NO_RESOURCE, rc, "tern_init: cannot start the progress thread");
+        goto fail;
+    }
+    comm->thread_started = true;
+    tern__ctx_set_comm(ctx, comm);
+    return TERN_OK;
+fail:
+    comm_free(comm);
+    return st;
+}
+
+tern_status_t tern_init(const tern_init_params_t *params, tern_ctx_t **ctx_out)
+{
+    tern_ctx_t *ctx = NULL;
+    tern_status_t st;
+    char detail[TERN__ERROR_MAX];
+
+    if ((st = tern__ctx_bootstrap(params, &ctx)) != TERN_OK)
+        goto fail;
+    if ((st = comm_open(ctx)) != TERN_OK)
+        goto fail;
+    /* No rank returns before every rank's address is in the store. */
+    if ((st = tern_store_barrier(tern_ctx_store(ctx), "tern/init", tern_ctx_world_size(ctx),
+                                 tern__ctx_timeout(ctx))) != TERN_OK)
+        goto fail;
+    *ctx_out = ctx;
+    return TERN_OK;
+fail:
+    snprintf(detail, sizeof(detail), "%s", tern_last_error());
+    tern_error("tern_init failed: %s (%s)", detail, tern_strerror(st));
+    if (ctx != NULL) {
+        comm_free(tern__comm(ctx));
+        tern__ctx_teardown(ctx, false);
+    }
+    if (ctx_out != NULL)
+        *ctx_out = NULL;
+    tern__error(st, "%s", detail);
+    return st;
+}
+
+tern_status_t tern_finalize(tern_ctx_t *ctx)
+{
+    tern_status_t st, st2;
+    if (ctx == NULL)
+        return TERN_OK;
+    /* Meet first: once every rank is here nobody sends any more, so closing
+     * the transport loses nothing in flight. */
+    st = tern_store_barrier(tern_ctx_store(ctx), "tern/finalize", tern_ctx_world_size(ctx),
+                            tern__ctx_timeout(ctx));
+    comm_free(tern__comm(ctx));
+    st2 = tern__ctx_teardown(ctx, true);
+    return st != TERN_OK ? st : st2;
+}
+
+tern_status_t tern_ctx_transport(const tern_ctx_t *ctx, char *provider, size_t plen, char *device,
+                                 size_t dlen)
+{
+    tern__comm_t *comm = ctx ? tern__ctx_comm(ctx) : NULL;
+    if (comm == NULL)
+        return tern__error(TERN_ERR_INVALID_PARAM, "tern_ctx_transport: no context");
+    if (provider != NULL && plen > 0)
+        snprintf(provider, plen, "%s", comm->attr.provider);
+    if (device != NULL && dlen > 0)
+        snprintf(device, dlen, "%s", comm->attr.device);
+    return TERN_OK;
+}
+
+/* ---- waiting ---- */
+
+tern_status_t tern_request_test(tern_request_t *req, int *done, tern_msg_info_t *info)
+{
+    tern__comm_t *comm;
+    if (req == NULL || done == NULL)
+        return tern__error(TERN_ERR_INVALID_PARAM, "tern_request_test: NULL argument");
+    comm = req->comm;
+    if (!atomic_load_explicit(&req->done, memory_order_acquire) &&
+        pthread_mutex_trylock(&comm->lock) == 0) {
+        tern_transport_progress(comm->tp);
+        pthread_mutex_unlock(&comm->lock);
+    }
+    *done = atomic_load_explicit(&req->done, memory_order_acquire);
+    if (!*done)
+        return TERN_OK;
+    tern_status_t st = req->status;
+    req_kind_t kind = req->kind;
+    tern_msg_info_t got = req->info;
+    if (info != NULL)
+        *info = got;
+    /* A transport operation may still name it (one failed early when its peer
+     * was lost): the protocol frees it when that operation ends. */
+    pthread_mutex_lock(&comm->lock);
+    req->released = true;
+    bool free_now = req->ops == 0;
+    pthread_mutex_unlock(&comm->lock);
+    if (free_now)
+        free(req);
+    if (st != TERN_OK)
+        tern__error(st, "%s %s (rank %d, tag %d, %zu bytes)", kind == REQ_SEND ? "send" : "receive",
+                    tern_strerror(st), got.source, got.tag, got.len);
+    return st;
+}
+
+tern_status_t tern_request_wait(tern_request_t *req, int64_t timeout_ns, tern_msg_info_t *info)
+{
+    tern__comm_t *comm;
+    int done = 0;
+    if (req == NULL)
+        return tern__error(TERN_ERR_INVALID_PARAM, "tern_request_wait: NULL request");
+    comm = req->comm;
+    uint64_t start = tern_clock_ns();
+    uint64_t deadline = timeout_ns < 0 ? UINT64_MAX : start + (uint64_t)timeout_ns;
+
+    /* Spin: progress the transport ourselves. */
+    atomic_fetch_add(&comm->spinning, 1);
+    while (!atomic_load_explicit(&req->done, memory_order_acquire)) {
+        uint64_t now = tern_clock_ns();
+        if (now >= deadline || (!comm->busy_poll && now - start > SPIN_NS))
+            break;
+        if (pthread_mutex_trylock(&comm->lock) == 0) {
+            tern_transport_progress(comm->tp);
+            pthread_mutex_unlock(&comm->lock);
+        }
+    }
+    pthread_mutex_lock(&comm->lock);
+    if (atomic_fetch_sub(&comm->spinning, 1) == 1)
+        pthread_cond_broadcast(&comm->idle_cv);
+    /* Sleep: the progress thread completes the request. */
+    while (!atomic_load_explicit(&req->done, memory_order_acquire)) {
+        uint64_t now = tern_clock_ns();
+        if (now >= deadline)
+            break;
+        uint64_t wait = deadline - now < 100000000ull ? deadline - now : 100000000ull;
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += (long)wait;
+        ts.tv_sec += ts.tv_nsec / 1000000000;
+        ts.tv_nsec %= 1000000000;
+        pthread_cond_timedwait(&comm->done_cv, &comm->lock, &ts);
+    }
+    pthread_mutex_unlock(&comm->lock);
+    if (!atomic_load_explicit(&req->done, memory_order_acquire))
+        return tern__error(TERN_ERR_TIMEOUT, "request not complete after %lld ms",
+                           (long long)(timeout_ns / 1000000));
+    return tern_request_test(req, &done, info);
+}

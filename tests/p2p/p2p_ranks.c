@@ -1,0 +1,328 @@
+/*
+ * Point-to-point across real ranks (run under tern-run with 2, 3 or 4 ranks,
+ * over each transport): sizes around the eager/rendezvous boundary, ordering
+ * across both protocols, any-source and any-tag, truncation at both ends,
+ * many requests in flight, the unexpected-queue bound, self-sends, bad
+ * arguments, and with --big a 1 GiB message. Exits non-zero on the first
+ * failure, saying which.
+ */
+#include <inttypes.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <tern/tern.h>
+
+static unsigned rank, world;
+static tern_ctx_t *ctx;
+static size_t eager; /* the eager limit in effect (from TERN_EAGER_LIMIT, default 16k) */
+
+#define CHECK(cond, ...)                                                        \
+    do {                                                                        \
+        if (!(cond)) {                                                          \
+            fprintf(stderr, "rank %u: FAIL %s:%d: ", rank, __func__, __LINE__); \
+            fprintf(stderr, __VA_ARGS__);                                       \
+            fprintf(stderr, " [%s]\n", tern_last_error());                      \
+            exit(1);                                                            \
+        }                                                                       \
+    } while (0)
+
+#define OK(call) CHECK((call) == TERN_OK, "%s", #call)
+
+static uint8_t pat(unsigned from, unsigned tag, size_t i)
+{
+    return (uint8_t)(from * 37 + tag * 11 + i * 7 + (i >> 9));
+}
+
+static void fill(uint8_t *p, size_t n, unsigned from, unsigned tag)
+{
+    for (size_t i = 0; i < n; i++)
+        p[i] = pat(from, tag, i);
+}
+
+static int same(const uint8_t *p, size_t n, unsigned from, unsigned tag)
+{
+    for (size_t i = 0; i < n; i++)
+        if (p[i] != pat(from, tag, i))
+            return 0;
+    return 1;
+}
+
+static void barrier(const char *name)
+{
+    OK(tern_store_barrier(tern_ctx_store(ctx), name, world, TERN_TIMEOUT_DEFAULT));
+}
+
+/* Every rank sends to the next and receives from the previous, size by size. */
+static void test_ring_sizes(void)
+{
+    const size_t sizes[] = {0, 1, 8, eager - 9, eager - 8, eager - 7, eager - 1, eager, eager + 1,
+                            2 * eager, (1u << 20) + 5, 8u << 20};
+    unsigned next = (rank + 1) % world, prev = (rank + world - 1) % world;
+    for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+        size_t n = sizes[i];
+        uint8_t *out = malloc(n + 1), *in = malloc(n + 1);
+        tern_request_t *s, *r;
+        tern_msg_info_t info;
+        fill(out, n, rank, (unsigned)i);
+        OK(tern_irecv(ctx, in, n, (int)prev, (int)i, &r));
+        OK(tern_isend(ctx, out, n, (int)next, (int)i, &s));
+        OK(tern_request_wait(r, -1, &info));
+        OK(tern_request_wait(s, -1, NULL));
+        CHECK(info.source == (int)prev && info.tag == (int)i && info.len == n,
+              "info %d/%d/%zu for size %zu", info.source, info.tag, info.len, n);
+        CHECK(same(in, n, prev, (unsigned)i), "payload of %zu bytes corrupted", n);
+        free(out);
+        free(in);
+    }
+}
+
+/* Messages from one sender on one tag arrive in order, eager and rendezvous mixed. */
+static void test_ordering(void)
+{
+    enum { N = 600 };
+    if (rank == 0) {
+        tern_request_t *reqs[N];
+        uint8_t *bufs[N];
+        for (unsigned i = 0; i < N; i++) {
+            size_t n = (i % 10 == 3) ? eager * 3 + i : 16 + i % 50;
+            bufs[i] = malloc(n);
+            fill(bufs[i], n, 0, i);
+            memcpy(bufs[i], &i, sizeof(i));
+            OK(tern_isend(ctx, bufs[i], n, 1, 7, &reqs[i]));
+        }
+        for (unsigned i = 0; i < N; i++) {
+            OK(tern_request_wait(reqs[i], -1, NULL));
+            free(bufs[i]);
+        }
+    } else if (rank == 1) {
+        uint8_t *buf = malloc(eager * 4 + N);
+        for (unsigned i = 0; i < N; i++) {
+            tern_msg_info_t info;
+            unsigned seq;
+            OK(tern_recv(ctx, buf, eager * 4 + N, 0, 7, &info));
+            memcpy(&seq, buf, sizeof(seq));
+            CHECK(seq == i, "message %u arrived as number %u", seq, i);
+            size_t want = (i % 10 == 3) ? eager * 3 + i : 16 + i % 50;
+            CHECK(info.len == want, "message %u has %zu bytes, not %zu", i, info.len, want);
+            /* The first bytes hold seq; the rest is the pattern. */
+            for (size_t k = sizeof(seq); k < want; k++)
+                CHECK(buf[k] == pat(0, i, k), "message %u byte %zu", i, k);
+        }
+        free(buf);
+    }
+}
+
+/* Rank 0 takes one message from every other rank, in whatever order. Each
+ * rank sends tag 100+rank, then tag 55; rank 0 first asks for tag 55 from any
+ * source, which must pass over the earlier messages with other tags. */
+static void test_any_source_any_tag(void)
+{
+    if (rank == 0) {
+        unsigned seen = 0;
+        for (unsigned i = 1; i < world; i++) {
+            int v = 0;
+            tern_msg_info_t info;
+            OK(tern_recv(ctx, &v, sizeof(v), TERN_ANY_SOURCE, 55, &info));
+            CHECK(info.tag == 55 && v == info.source * 1000, "tagged any-source got tag %d", info.tag);
+        }
+        for (unsigned i = 1; i < world; i++) {
+            uint8_t buf[64];
+            tern_msg_info_t info;
+            OK(tern_recv(ctx, buf, sizeof(buf), TERN_ANY_SOURCE, TERN_ANY_TAG, &info));
+            CHECK(info.source > 0 && (unsigned)info.source < world, "source %d", info.source);
+            CHECK(info.tag == 100 + info.source, "tag %d from %d", info.tag, info.source);
+            CHECK(info.len == 40 && same(buf, 40, (unsigned)info.source, 3), "payload from %d",
+                  info.source);
+            CHECK(!(seen & (1u << info.source)), "rank %d twice", info.source);
+            seen |= 1u << info.source;
+        }
+    } else {
+        uint8_t buf[40];
+        int v = (int)rank * 1000;
+        fill(buf, sizeof(buf), rank, 3);
+        OK(tern_send(ctx, buf, sizeof(buf), 0, 100 + (int)rank));
+        OK(tern_send(ctx, &v, sizeof(v), 0, 55));
+    }
+}
+
+/* A message longer than the receive buffer: an error at the receiver, and for
+ * a rendezvous message at the sender too. */
+static void test_truncation(void)
+{
+    if (rank == 1) {
+        uint8_t small[100], *big = malloc(eager * 4);
+        tern_request_t *r;
+        fill(small, sizeof(small), 1, 9);
+        fill(big, eager * 4, 1, 10);
+        OK(tern_send(ctx, small, sizeof(small), 0, 9));
+        OK(tern_isend(ctx, big, eager * 4, 0, 10, &r));
+        tern_status_t st = tern_request_wait(r, -1, NULL);
+        CHECK(st == TERN_ERR_TRUNCATED, "rendezvous sender got %s", tern_status_name(st));
+        free(big);
+    } else if (rank == 0) {
+        uint8_t buf[50], *mid = malloc(eager);
+        tern_msg_info_t info;
+        tern_status_t st = tern_recv(ctx, buf, sizeof(buf), 1, 9, &info);
+        CHECK(st == TERN_ERR_TRUNCATED, "eager receiver got %s", tern_status_name(st));
+        CHECK(info.len == 100 && same(buf, sizeof(buf), 1, 9), "truncated eager info/content");
+        st = tern_recv(ctx, mid, eager, 1, 10, &info);
+        CHECK(st == TERN_ERR_TRUNCATED, "rendezvous receiver got %s", tern_status_name(st));
+        CHECK(info.len == eager * 4 && same(mid, eager, 1, 10), "truncated rendezvous info/content");
+        free(mid);
+    }
+}
+
+/* Many requests in flight at once, both directions between every pair. */
+static void test_many_in_flight(void)
+{
+    enum { PER = 64 };
+    unsigned n = world * PER;
+    tern_request_t **reqs = calloc(2 * n, sizeof(*reqs));
+    uint8_t **in = calloc(n, sizeof(*in)), **out = calloc(n, sizeof(*out));
+    unsigned k = 0;
+    for (unsigned peer = 0; peer < world; peer++) {
+        for (unsigned i = 0; i < PER; i++) {
+            size_t len = (i % 8 == 0) ? eager * 2 : (i * 131) % 3000;
+            unsigned idx = peer * PER + i;
+            in[idx] = malloc(len + 1);
+            out[idx] = malloc(len + 1);
+            fill(out[idx], len, rank, i);
+            OK(tern_irecv(ctx, in[idx], len, (int)peer, (int)i, &reqs[k++]));
+            OK(tern_isend(ctx, out[idx], len, (int)peer, (int)i, &reqs[k++]));
+        }
+    }
+    for (unsigned j = 0; j < k; j++)
+        OK(tern_request_wait(reqs[j], -1, NULL));
+    for (unsigned peer = 0; peer < world; peer++) {
+        for (unsigned i = 0; i < PER; i++) {
+            size_t len = (i % 8 == 0) ? eager * 2 : (i * 131) % 3000;
+            CHECK(same(in[peer * PER + i], len, peer, i), "message %u from %u", i, peer);
+            free(in[peer * PER + i]);
+            free(out[peer * PER + i]);
+        }
+    }
+    free(reqs);
+    free(in);
+    free(out);
+}
+
+/* Far more eager data than TERN_UNEXPECTED_MAX sent before any receive is
+ * posted: senders fall back to rendezvous, nothing is lost or reordered. */
+static void test_unexpected_bound(void)
+{
+    enum { COUNT = 2000, LEN = 4000 }; /* 8 MB against the test's 1 MiB bound */
+    if (rank == 1) {
+        uint8_t *buf = malloc((size_t)COUNT * LEN);
+        tern_request_t **reqs = calloc(COUNT, sizeof(*reqs));
+        for (unsigned i = 0; i < COUNT; i++) {
+            fill(buf + (size_t)i * LEN, LEN, 1, i % 200);
+            OK(tern_isend(ctx, buf + (size_t)i * LEN, LEN, 0, 20, &reqs[i]));
+        }
+        barrier("p2p/unexpected-sent");
+        for (unsigned i = 0; i < COUNT; i++)
+            OK(tern_request_wait(reqs[i], -1, NULL));
+        free(reqs);
+        free(buf);
+    } else {
+        barrier("p2p/unexpected-sent");
+    }
+    if (rank == 0) {
+        uint8_t buf[LEN];
+        for (unsigned i = 0; i < COUNT; i++) {
+            OK(tern_recv(ctx, buf, sizeof(buf), 1, 20, NULL));
+            CHECK(same(buf, LEN, 1, i % 200), "message %u", i);
+        }
+    }
+}
+
+static void test_self_and_bad_args(void)
+{
+    uint8_t out[300], in[300];
+    tern_request_t *r, *s;
+    fill(out, sizeof(out), rank, 1);
+    OK(tern_irecv(ctx, in, sizeof(in), (int)rank, 1, &r));
+    OK(tern_isend(ctx, out, sizeof(out), (int)rank, 1, &s));
+    OK(tern_request_wait(s, -1, NULL));
+    OK(tern_request_wait(r, -1, NULL));
+    CHECK(same(in, sizeof(in), rank, 1), "self-send");
+    CHECK(tern_isend(ctx, out, 1, (int)world, 0, &s) == TERN_ERR_INVALID_PARAM, "dst out of range");
+    CHECK(tern_isend(ctx, out, 1, -1, 0, &s) == TERN_ERR_INVALID_PARAM, "negative dst");
+    CHECK(tern_isend(ctx, out, 1, 0, -5, &s) == TERN_ERR_INVALID_PARAM, "negative tag");
+    CHECK(tern_irecv(ctx, in, 1, (int)world + 3, 0, &r) == TERN_ERR_INVALID_PARAM, "src out of range");
+    CHECK(tern_isend(ctx, NULL, 10, 0, 0, &s) == TERN_ERR_INVALID_PARAM, "NULL buffer");
+    /* A receive that nothing matches times out and stays valid. */
+    OK(tern_irecv(ctx, in, 1, (int)rank, 999, &r));
+    CHECK(tern_request_wait(r, 20 * 1000 * 1000, NULL) == TERN_ERR_TIMEOUT, "wait timeout");
+    OK(tern_isend(ctx, out, 1, (int)rank, 999, &s));
+    OK(tern_request_wait(s, -1, NULL));
+    OK(tern_request_wait(r, -1, NULL));
+}
+
+static void test_big(void)
+{
+    const size_t n = (size_t)1 << 30;
+    if (rank > 1)
+        return;
+    uint8_t *buf = malloc(n);
+    CHECK(buf != NULL, "no memory for 1 GiB");
+    if (rank == 0) {
+        for (size_t i = 0; i < n; i += 4096)
+            buf[i] = (uint8_t)(i >> 12);
+        buf[n - 1] = 0x5a;
+        OK(tern_send(ctx, buf, n, 1, 77));
+    } else {
+        tern_msg_info_t info;
+        memset(buf, 0, n);
+        OK(tern_recv(ctx, buf, n, 0, 77, &info));
+        CHECK(info.len == n, "1 GiB message arrived as %zu bytes", info.len);
+        for (size_t i = 0; i < n; i += 4096)
+            CHECK(buf[i] == (uint8_t)(i >> 12), "byte %zu of the 1 GiB message", i);
+        CHECK(buf[n - 1] == 0x5a, "last byte of the 1 GiB message");
+    }
+    free(buf);
+}
+
+int main(int argc, char **argv)
+{
+    int big = argc > 1 && strcmp(argv[1], "--big") == 0;
+    const char *e = getenv("TERN_EAGER_LIMIT");
+    eager = e ? strtoull(e, NULL, 10) : 16384;
+    if (tern_init(NULL, &ctx) != TERN_OK) {
+        fprintf(stderr, "tern_init: %s\n", tern_last_error());
+        return 1;
+    }
+    rank = tern_ctx_rank(ctx);
+    world = tern_ctx_world_size(ctx);
+    char prov[16], dev[128];
+    OK(tern_ctx_transport(ctx, prov, sizeof(prov), dev, sizeof(dev)));
+    if (rank == 0)
+        printf("p2p over %s (%s), %u ranks, eager limit %zu\n", prov, dev, world, eager);
+
+    test_ring_sizes();
+    barrier("t1");
+    if (world >= 2) {
+        test_ordering();
+        barrier("t2");
+        test_any_source_any_tag();
+        barrier("t3");
+        test_truncation();
+        barrier("t4");
+        test_unexpected_bound();
+        barrier("t5");
+    }
+    test_many_in_flight();
+    barrier("t6");
+    test_self_and_bad_args();
+    barrier("t7");
+    if (big)
+        test_big();
+    if (tern_finalize(ctx) != TERN_OK) {
+        fprintf(stderr, "rank %u: finalize: %s\n", rank, tern_last_error());
+        return 1;
+    }
+    printf("rank %u ok\n", rank);
+    return 0;
+}
