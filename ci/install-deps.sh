@@ -9,6 +9,8 @@ packages=(
     libibverbs-dev librdmacm-dev              # verbs provider (TERN_WITH_VERBS)
     libucx-dev ucx-utils                      # UCX provider (TERN_WITH_UCX), ucx_perftest
     libcmocka-dev uthash-dev                  # unit tests; the store's hash table
+    libdlpack-dev                             # DLPack interchange (tensor/)
+    clang-14 libclang-rt-14-dev               # libFuzzer for the tensor wire fuzzer
     openmpi-bin libopenmpi-dev                # mpirun launch tests and the MPI peer in perf/
     iproute2 procps                           # network namespaces in tests; pgrep/kill
 )

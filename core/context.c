@@ -296,6 +296,12 @@ const tern__config_t *tern__ctx_config(const tern_ctx_t *ctx)
     return &ctx->cfg;
 }
 
+void tern_ctx_set_timeout(tern_ctx_t *ctx, int64_t timeout_ns)
+{
+    if (ctx != NULL && timeout_ns >= 0)
+        ctx->timeout_ns = timeout_ns;
+}
+
 int64_t tern__ctx_timeout(const tern_ctx_t *ctx)
 {
     return ctx->timeout_ns;

@@ -81,6 +81,10 @@ TERN_API unsigned tern_ctx_local_world_size(const tern_ctx_t *ctx);
  * "PMI", "Slurm" or "default". */
 TERN_API const char *tern_ctx_launcher(const tern_ctx_t *ctx);
 TERN_API tern_pool_t *tern_ctx_pool(tern_ctx_t *ctx);
+
+/* Change the timeout of the context's blocking store calls and of finalize
+ * (as torch's store.set_timeout). Negative values are ignored. */
+TERN_API void tern_ctx_set_timeout(tern_ctx_t *ctx, int64_t timeout_ns);
 TERN_API tern_store_t *tern_ctx_store(tern_ctx_t *ctx);
 
 TERN_END_DECLS

@@ -13,6 +13,7 @@
 #include <tern/pool.h>
 #include <tern/status.h>
 #include <tern/store.h>
+#include <tern/tensor.h>
 #include <tern/transport.h>
 
 #endif

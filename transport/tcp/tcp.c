@@ -956,8 +956,15 @@ static tern_status_t pick_address(const tern__tp_config_t *cfg, struct sockaddr_
             if (fd >= 0)
                 close(fd);
             freeaddrinfo(res);
-            if (ok)
+            if (ok) {
+                /* Keep the address, not the UDP socket's port: we listen on a
+                 * port of our own choosing (0: any free one). */
+                if (ss->ss_family == AF_INET)
+                    ((struct sockaddr_in *)ss)->sin_port = 0;
+                else
+                    ((struct sockaddr_in6 *)ss)->sin6_port = 0;
                 return TERN_OK;
+            }
         }
         tern_info("tcp: no route to %s; advertising 127.0.0.1", cfg->peer_hint);
     }
