@@ -69,6 +69,7 @@ struct tern__comm {
     bool thread_started;
     atomic_bool stop;
     atomic_int spinning;      /* user threads progressing the transport themselves */
+    _Atomic uint64_t quiet_until; /* the progress thread stays idle until then (clock ns) */
     bool busy_poll;
     tern_ep_t **eps;          /* [world], created on first use */
     tern__class_fn handlers[16];

@@ -29,6 +29,10 @@
 
 /* How long a waiter progresses by itself before it sleeps (blocking mode). */
 #define SPIN_NS (200 * 1000)
+/* After a waiter's request completed, how long the progress thread keeps out
+ * of the way: in a loop of blocking calls the next wait starts within
+ * microseconds, and waking the progress thread in between costs a core. */
+#define QUIET_NS (2 * 1000 * 1000)
 
 tern__comm_t *tern__comm(tern_ctx_t *ctx)
 {
@@ -113,9 +117,20 @@ static void *progress_main(void *arg)
     tern__log_set_rank((int)comm->rank);
     while (!atomic_load(&comm->stop)) {
         pthread_mutex_lock(&comm->lock);
-        /* A waiter is progressing: stay out of its way. */
-        while (atomic_load(&comm->spinning) > 0 && !atomic_load(&comm->stop))
-            pthread_cond_wait(&comm->idle_cv, &comm->lock);
+        /* A waiter is progressing, or just was: stay out of its way. */
+        for (;;) {
+            uint64_t now = tern_clock_ns(), quiet = atomic_load(&comm->quiet_until);
+            bool spin = atomic_load(&comm->spinning) > 0;
+            if (atomic_load(&comm->stop) || (!spin && now >= quiet))
+                break;
+            uint64_t nap = spin ? 1000000 : quiet - now;
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_nsec += (long)nap;
+            ts.tv_sec += ts.tv_nsec / 1000000000;
+            ts.tv_nsec %= 1000000000;
+            pthread_cond_timedwait(&comm->idle_cv, &comm->lock, &ts);
+        }
         int n = tern_transport_progress(comm->tp);
         bool may_sleep = n == 0 && !comm->busy_poll && fd >= 0 &&
                          tern_transport_arm(comm->tp) == TERN_OK;
@@ -315,35 +330,41 @@ tern_status_t tern_request_wait(tern_request_t *req, int64_t timeout_ns, tern_ms
     comm = req->comm;
     uint64_t start = tern_clock_ns();
     uint64_t deadline = timeout_ns < 0 ? UINT64_MAX : start + (uint64_t)timeout_ns;
+    int fd = tern_transport_fd(comm->tp);
 
-    /* Spin: progress the transport ourselves. */
+    /* The waiter drives progress itself, and the progress thread keeps out of
+     * the way: no hand-off between threads on the path of a reply. It spins
+     * first; then (TERN_POLL=blocking) it sleeps on the transport's fd, so the
+     * kernel wakes it when something arrives. */
     atomic_fetch_add(&comm->spinning, 1);
-    while (!atomic_load_explicit(&req->done, memory_order_acquire)) {
-        uint64_t now = tern_clock_ns();
-        if (now >= deadline || (!comm->busy_poll && now - start > SPIN_NS))
-            break;
-        if (pthread_mutex_trylock(&comm->lock) == 0) {
-            tern_transport_progress(comm->tp);
-            pthread_mutex_unlock(&comm->lock);
-        }
-    }
-    pthread_mutex_lock(&comm->lock);
-    if (atomic_fetch_sub(&comm->spinning, 1) == 1)
-        pthread_cond_broadcast(&comm->idle_cv);
-    /* Sleep: the progress thread completes the request. */
     while (!atomic_load_explicit(&req->done, memory_order_acquire)) {
         uint64_t now = tern_clock_ns();
         if (now >= deadline)
             break;
-        uint64_t wait = deadline - now < 100000000ull ? deadline - now : 100000000ull;
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += (long)wait;
-        ts.tv_sec += ts.tv_nsec / 1000000000;
-        ts.tv_nsec %= 1000000000;
-        pthread_cond_timedwait(&comm->done_cv, &comm->lock, &ts);
+        if (pthread_mutex_trylock(&comm->lock) != 0) {
+            /* Another waiter is progressing; it will complete ours too. */
+            sched_yield();
+            continue;
+        }
+        int n = tern_transport_progress(comm->tp);
+        bool sleep = n == 0 && !comm->busy_poll && fd >= 0 && now - start > SPIN_NS &&
+                     !atomic_load_explicit(&req->done, memory_order_acquire) &&
+                     tern_transport_arm(comm->tp) == TERN_OK;
+        pthread_mutex_unlock(&comm->lock);
+        if (sleep) {
+            uint64_t left = deadline - now;
+            struct pollfd p = {.fd = fd, .events = POLLIN};
+            /* Short naps: another waiter may complete our request without the
+             * fd ever turning readable for us. */
+            poll(&p, 1, left < 10000000ull ? (int)(left / 1000000) + 1 : 10);
+        }
     }
-    pthread_mutex_unlock(&comm->lock);
+    /* In a loop of blocking calls the next wait comes within microseconds:
+     * keep the progress thread asleep a little longer. */
+    /* No wake-up call: the progress thread re-checks by itself within 1 ms,
+     * and waking it here would cost a context switch on every request. */
+    atomic_store(&comm->quiet_until, tern_clock_ns() + QUIET_NS);
+    atomic_fetch_sub(&comm->spinning, 1);
     if (!atomic_load_explicit(&req->done, memory_order_acquire))
         return tern__error(TERN_ERR_TIMEOUT, "request not complete after %lld ms",
                            (long long)(timeout_ns / 1000000));

@@ -434,7 +434,8 @@ static void conn_fail(conn_t *c, tern_status_t why)
         c->cur_mr = NULL;
     }
     uint32_t peer = c->ep != NULL ? c->ep->base.peer : c->peer;
-    bool tell = c->ep != NULL ? why != TERN_ERR_CANCELED : c->hello_seen && !c->bye_seen;
+    /* CANCELED is our own teardown or the peer's goodbye: nothing to report. */
+    bool tell = why != TERN_ERR_CANCELED && (c->ep != NULL || c->hello_seen);
     if (tell) {
         tern_debug("tcp: connection %s peer %u lost (%s)", c->incoming ? "from" : "to", peer,
                    tern_strerror(why));

@@ -1,0 +1,178 @@
+/*
+ * The benchmarks. Methods follow perftest and the OSU micro-benchmarks so the
+ * numbers compare with theirs:
+ *   lat   ping-pong of one message; each round trip timed; one-way = RTT / 2;
+ *         p50 / avg / p99 over the timed iterations.
+ *   bw    rank 0 posts a window of sends, rank 1 a window of receives; after
+ *         each window rank 1 answers with a 1-byte ack. bytes / time.
+ *   bibw  both ranks do bw at once; bytes in both directions / time.
+ *   rate  as bw, reporting messages / time.
+ * Every rank pair (0-1, 2-3, ...) runs at once; rank 0 reports its pair.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "perf/bench.h"
+
+#define TAG_DATA 1
+#define TAG_ACK 2
+
+static const char *const names[] = {"lat", "bw", "bibw", "rate"};
+
+const char *tern_bench_name(tern_bench_test_t test)
+{
+    return (unsigned)test < 4 ? names[test] : "?";
+}
+
+int tern_bench_parse(const char *name, tern_bench_test_t *test)
+{
+    for (unsigned i = 0; i < 4; i++) {
+        if (strcmp(name, names[i]) == 0) {
+            *test = (tern_bench_test_t)i;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Iterations by size: enough to be stable, few enough to finish quickly. */
+static unsigned default_iters(tern_bench_test_t test, size_t size, unsigned window)
+{
+    uint64_t bytes = test == TERN_BENCH_LAT ? 64ull << 20 : 1ull << 30;
+    uint64_t per = (uint64_t)(size ? size : 1) * (test == TERN_BENCH_LAT ? 1 : window);
+    uint64_t n = bytes / per;
+    unsigned max = test == TERN_BENCH_LAT ? 10000 : 1000;
+    return n < 10 ? 10 : n > max ? max : (unsigned)n;
+}
+
+static tern_status_t lat(tern_ctx_t *ctx, int peer, int leader, uint8_t *buf, size_t size,
+                         unsigned warmup, unsigned iters, uint64_t *samples)
+{
+    tern_status_t st;
+    for (unsigned i = 0; i < warmup + iters; i++) {
+        uint64_t t0 = tern_clock_ns();
+        if (leader) {
+            if ((st = tern_send(ctx, buf, size, peer, TAG_DATA)) != TERN_OK ||
+                (st = tern_recv(ctx, buf, size, peer, TAG_DATA, NULL)) != TERN_OK)
+                return st;
+        } else {
+            if ((st = tern_recv(ctx, buf, size, peer, TAG_DATA, NULL)) != TERN_OK ||
+                (st = tern_send(ctx, buf, size, peer, TAG_DATA)) != TERN_OK)
+                return st;
+        }
+        if (i >= warmup && samples != NULL)
+            samples[i - warmup] = tern_clock_ns() - t0;
+    }
+    return TERN_OK;
+}
+
+/* One window: the sender posts window sends, the receiver window receives,
+ * then the receiver acks. With both set, this rank does both (bibw). */
+static tern_status_t window_round(tern_ctx_t *ctx, int peer, int send, int recv, uint8_t *sbuf,
+                                  uint8_t *rbuf, size_t size, unsigned window,
+                                  tern_request_t **reqs)
+{
+    tern_status_t st = TERN_OK;
+    unsigned n = 0;
+    uint8_t ack = 0;
+    for (unsigned w = 0; w < window && st == TERN_OK; w++) {
+        if (recv)
+            st = tern_irecv(ctx, rbuf + (size_t)w * size, size, peer, TAG_DATA, &reqs[n++]);
+        if (st == TERN_OK && send)
+            st = tern_isend(ctx, sbuf + (size_t)w * size, size, peer, TAG_DATA, &reqs[n++]);
+        if (st != TERN_OK)
+            n--;
+    }
+    for (unsigned i = 0; i < n; i++) {
+        tern_status_t s2 = tern_request_wait(reqs[i], -1, NULL);
+        if (st == TERN_OK)
+            st = s2;
+    }
+    if (st != TERN_OK)
+        return st;
+    /* The ack closes the window, so the sender's clock covers delivery. */
+    if (recv)
+        st = tern_send(ctx, &ack, 1, peer, TAG_ACK);
+    if (st == TERN_OK && send)
+        st = tern_recv(ctx, &ack, 1, peer, TAG_ACK, NULL);
+    return st;
+}
+
+tern_status_t tern_bench_run(tern_ctx_t *ctx, const tern_bench_opts_t *opts, size_t size,
+                             tern_bench_result_t *res)
+{
+    unsigned rank = tern_ctx_rank(ctx), world = tern_ctx_world_size(ctx);
+    unsigned window = opts->window ? opts->window : 64;
+    unsigned iters = opts->iters ? opts->iters : default_iters(opts->test, size, window);
+    unsigned warmup = opts->warmup ? opts->warmup : (iters / 10 > 2 ? iters / 10 : 2);
+    int peer = (int)(rank ^ 1u);
+    int active = (unsigned)peer < world;
+    int leader = (rank & 1u) == 0;
+    size_t nbuf = opts->test == TERN_BENCH_LAT ? 1 : window;
+    tern_status_t st = TERN_OK;
+    uint8_t *sbuf = NULL, *rbuf = NULL;
+    uint64_t *samples = NULL;
+    tern_request_t **reqs = NULL;
+
+    if (world < 2)
+        return TERN_ERR_INVALID_PARAM;
+    memset(res, 0, sizeof(*res));
+    res->size = size;
+    res->iters = iters;
+    if (active) {
+        sbuf = malloc(size * nbuf + 1);
+        rbuf = malloc(size * nbuf + 1);
+        samples = calloc(iters, sizeof(*samples));
+        reqs = calloc(2 * (size_t)window, sizeof(*reqs));
+        if (sbuf == NULL || rbuf == NULL || samples == NULL || reqs == NULL) {
+            st = TERN_ERR_NO_MEMORY;
+            goto out;
+        }
+        memset(sbuf, (int)rank + 1, size * nbuf + 1);
+        memset(rbuf, 0, size * nbuf + 1);
+    }
+    st = tern_store_barrier(tern_ctx_store(ctx), "bench", world, TERN_TIMEOUT_DEFAULT);
+    if (st != TERN_OK || !active)
+        goto out;
+
+    if (opts->test == TERN_BENCH_LAT) {
+        if ((st = lat(ctx, peer, leader, sbuf, size, warmup, iters, samples)) != TERN_OK)
+            goto out;
+        double sum = 0;
+        for (unsigned i = 0; i < iters; i++)
+            sum += (double)samples[i];
+        qsort(samples, iters, sizeof(*samples), cmp_u64);
+        res->lat_us_avg = sum / iters / 2 / 1000.0;
+        res->lat_us_p50 = (double)samples[iters / 2] / 2 / 1000.0;
+        res->lat_us_p99 = (double)samples[(size_t)(iters * 0.99) < iters ? (size_t)(iters * 0.99)
+                                                                         : iters - 1] /
+                          2 / 1000.0;
+        goto out;
+    }
+    int bi = opts->test == TERN_BENCH_BIBW;
+    int send = leader || bi, recv = !leader || bi;
+    for (unsigned i = 0; i < warmup && st == TERN_OK; i++)
+        st = window_round(ctx, peer, send, recv, sbuf, rbuf, size, window, reqs);
+    uint64_t t0 = tern_clock_ns();
+    for (unsigned i = 0; i < iters && st == TERN_OK; i++)
+        st = window_round(ctx, peer, send, recv, sbuf, rbuf, size, window, reqs);
+    double secs = (double)(tern_clock_ns() - t0) / 1e9;
+    if (st != TERN_OK)
+        goto out;
+    double msgs = (double)iters * window * (bi ? 2 : 1);
+    res->msg_rate = msgs / secs;
+    res->bw_GBps = msgs * (double)size / secs / 1e9;
+out:
+    free(sbuf);
+    free(rbuf);
+    free(samples);
+    free(reqs);
+    return st;
+}
