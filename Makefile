@@ -1,5 +1,6 @@
 # A thin wrapper around CMake: the two commands a newcomer needs.
-#   make demo    install missing dependencies, build, run the main job
+#   make demo    install missing dependencies, build, run the main job (the
+#                2-rank latency/bandwidth sweep of tern-perf)
 #   make check   build and run the whole CTest suite
 # BUILD=dir picks the build directory; SANITIZE=address,undefined or thread
 # builds with sanitizers; CTEST_FLAGS passes options to ctest (e.g. -L core).
@@ -27,8 +28,10 @@ configure: deps
 build: configure
 	cmake --build $(BUILD) -j $(JOBS)
 
+# The main job: a 2-rank latency and bandwidth sweep over the default transport.
 demo: build
-	$(BUILD)/tools/tern-run -n 4 --timeout 5m $(BUILD)/examples/tern-smoke
+	$(BUILD)/tools/tern-run -n 2 --no-prefix --timeout 5m $(BUILD)/perf/tern-perf lat --max-size 1M
+	$(BUILD)/tools/tern-run -n 2 --no-prefix --timeout 5m $(BUILD)/perf/tern-perf bw --min-size 1k --max-size 4M
 
 check: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) $(CTEST_FLAGS)

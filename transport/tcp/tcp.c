@@ -152,6 +152,7 @@ typedef struct conn {
     uint64_t got;          /* payload bytes received */
     uint8_t *big;          /* F_SEND payloads that do not fit rxbuf */
     size_t big_cap;
+    bool drained;          /* the last read left the socket empty: wait for epoll */
     bool refused;          /* current PUT failed its checks */
     tern_status_t refusal;
     struct tcp_mr *cur_mr; /* current PUT's region, pinned */
@@ -258,6 +259,14 @@ static tern_status_t check_remote(tcp_tp_t *t, uint64_t key, uint64_t raddr, uin
 
 static void conn_fail(conn_t *c, tern_status_t why);
 
+/* writev without SIGPIPE: a peer that went away must be an error, not the end
+ * of the process. */
+static ssize_t send_iov(int fd, struct iovec *iov, int iovcnt)
+{
+    struct msghdr msg = {.msg_iov = iov, .msg_iovlen = (size_t)iovcnt};
+    return sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+}
+
 static void set_want_out(conn_t *c, bool want)
 {
     if (c->want_out == want || c->state == C_DEAD)
@@ -293,7 +302,7 @@ static bool flush_tx(conn_t *c)
         return c->state != C_DEAD;
     while (c->tx_head != NULL) {
         txreq_t *r = c->tx_head;
-        ssize_t n = writev(c->fd, r->iov, r->iovcnt);
+        ssize_t n = send_iov(c->fd, r->iov, r->iovcnt);
         if (n < 0) {
             if (errno == EINTR)
                 continue;
@@ -359,7 +368,7 @@ static tern_status_t post(conn_t *c, const frame_t *f, const void *payload, size
         frame_encode(f, hdr);
         ssize_t n;
         do {
-            n = writev(c->fd, iov, len > 0 ? 2 : 1);
+            n = send_iov(c->fd, iov, len > 0 ? 2 : 1);
         } while (n < 0 && errno == EINTR);
         if (n == (ssize_t)(HDR_SIZE + len))
             return TERN_OK;
@@ -762,9 +771,13 @@ static ssize_t fill(conn_t *c)
         c->rx_off = 0;
     }
     for (;;) {
-        ssize_t n = recv(c->fd, c->rxbuf + c->rx_len, RXBUF_SIZE - c->rx_len, MSG_DONTWAIT);
+        size_t space = RXBUF_SIZE - c->rx_len;
+        ssize_t n = recv(c->fd, c->rxbuf + c->rx_len, space, MSG_DONTWAIT);
         if (n > 0) {
             c->rx_len += (size_t)n;
+            /* A short read emptied the socket: another recv now would only
+             * say EAGAIN; level-triggered epoll reports what comes next. */
+            c->drained = (size_t)n < space;
             return n;
         }
         if (n == 0) {
@@ -799,8 +812,10 @@ static void on_readable(conn_t *c)
                     c->rx_len -= c->rx_off;
                     c->rx_off = 0;
                 }
-                if (reads++ == READS_PER_CALL || fill(c) <= 0)
+                if (c->drained || reads++ == READS_PER_CALL || fill(c) <= 0) {
+                    c->drained = false;
                     return;
+                }
                 continue;
             }
             frame_decode(c->rxbuf + c->rx_off, &c->cur);
