@@ -16,6 +16,8 @@
 #include <tern/defs.h>
 #include <tern/env.h>
 #include <tern/pool.h>
+#include <tern/transport.h>
+#include <tern/log.h>
 #include <tern/status.h>
 
 #include "core/config.h"
@@ -257,6 +259,47 @@ static const char *yes_no(int v)
     return v ? "yes" : "no";
 }
 
+/* Log lines from opening the transport: auto's choice and why it passed the
+ * other providers over. */
+static void topology_log(tern_log_level_t level, int rank, const char *msg, void *arg)
+{
+    (void)level;
+    (void)rank;
+    (void)arg;
+    printf("  %s\n", msg);
+}
+
+/* Open the transport as a rank would (TERN_TRANSPORT, routed towards
+ * MASTER_ADDR) and say which provider and device it runs on. */
+static int print_transport(const tern__config_t *cfg)
+{
+    tern_transport_params_t tp = {
+        .field_mask = TERN_TRANSPORT_PARAM_PEER_HINT,
+        .peer_hint = cfg->tern_master_addr[0] ? cfg->tern_master_addr : cfg->master_addr,
+    };
+    tern_transport_t *t = NULL;
+    tern_transport_attr_t attr;
+    tern_log_level_t saved = tern_log_get_level();
+
+    static const char *const names[] = {"auto", "verbs", "ucx", "tcp"}; /* the env table's order */
+    printf("transport (TERN_TRANSPORT=%s):\n", names[cfg->transport & 3]);
+    fflush(stdout);
+    tern_log_set_sink(topology_log, NULL);
+    tern_log_set_level(TERN_LOG_INFO);
+    tern_status_t st = tern_transport_open(&tp, &t);
+    tern_log_set_level(saved);
+    tern_log_set_sink(NULL, NULL);
+    if (st != TERN_OK) {
+        printf("  none can start: %s\n", tern_last_error());
+        return TR_EXIT_INTERNAL;
+    }
+    tern_transport_query(t, &attr);
+    printf("  in use: %s on %s (eager limit of the transport %zu bytes)\n", attr.provider,
+           attr.device, attr.max_send);
+    tern_transport_close(t);
+    return 0;
+}
+
 static int print_topology(unsigned nranks)
 {
     tern__config_t cfg;
@@ -282,7 +325,9 @@ static int print_topology(unsigned nranks)
                 tern_last_error()[0] != '\0' ? tern_last_error() : tern_strerror(st));
         return TR_EXIT_INTERNAL;
     }
-    return finish_stdout();
+    int rc = print_transport(&cfg);
+    int out = finish_stdout();
+    return rc != 0 ? rc : out;
 }
 
 /* Open /dev/null on any of fds 0-2 that is closed, so that no pipe tern-run

@@ -34,6 +34,17 @@ lacks "$TMP/out" 'rank 1' "-n defaults to 1"
 run_rc rc "$RUN" -n 3 --topology
 expect_rc 0 "$rc" "-n 3 --topology"
 has "$TMP/out" 'rank 2' "binding of rank 2"
+# The transport in use is named, and a provider that cannot start is an
+# error, never a quiet fall back.
+run_rc rc env TERN_TRANSPORT=tcp "$RUN" --topology
+expect_rc 0 "$rc" "--topology with TERN_TRANSPORT=tcp"
+has "$TMP/out" '^  in use: tcp on [0-9.]+:[0-9]+ ' "transport line"
+run_rc rc env TERN_TRANSPORT=auto "$RUN" --topology
+has "$TMP/out" 'auto chose [a-z]+ on .*passed over: verbs: ' "why auto passed providers over"
+run_rc rc env TERN_TRANSPORT=verbs "$RUN" --topology
+expect_rc 1 "$rc" "--topology with a transport that cannot start"
+has "$TMP/out" '^  none can start: transport verbs requested but cannot start: verbs: not built' "no fall back"
+lacks "$TMP/out" 'in use:' "no fall back"
 run_rc rc env TERN_THREADS=lots "$RUN" --topology
 expect_rc 2 "$rc" "--topology with a bad TERN_THREADS"
 has "$TMP/err" "^tern-run: environment variable TERN_THREADS=lots: 'lots' is not an integer$" "bad env message"
