@@ -15,6 +15,10 @@ ifneq ($(SANITIZE),)
 CMAKE_FLAGS += -DTERN_SANITIZE=$(SANITIZE)
 endif
 
+# Tests and the demo run on one machine: keep UCX on loopback (its default
+# would also use the machine's other interfaces). A caller's setting wins.
+export UCX_NET_DEVICES ?= lo
+
 .PHONY: all deps configure build demo check install clean
 
 all: build

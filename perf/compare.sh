@@ -13,6 +13,8 @@ RUN=$B/tools/tern-run PERF=$B/perf/tern-perf TCP=$B/perf/tcp-pingpong MPI=$B/per
 LAT_ITERS=${LAT_ITERS:-20000} BW_SIZE=${BW_SIZE:-4194304} BW_ITERS=${BW_ITERS:-100} WINDOW=${WINDOW:-16}
 root=(); [ "$(id -u)" -eq 0 ] && root=(--allow-run-as-root)
 export TERN_LOG=error
+# One machine: UCX (tern's ucx provider and ucx_perftest) stays on loopback.
+export UCX_NET_DEVICES=${UCX_NET_DEVICES:-lo}
 
 have_ucx_provider() { TERN_TRANSPORT=ucx "$RUN" -n 2 "$PERF" lat --sizes 8 --iters 10 >/dev/null 2>&1; }
 

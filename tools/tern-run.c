@@ -10,14 +10,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <tern/build_config.h>
 #include <tern/defs.h>
 #include <tern/env.h>
 #include <tern/pool.h>
-#include <tern/transport.h>
-#include <tern/log.h>
 #include <tern/status.h>
 
 #include "core/config.h"
@@ -259,45 +258,42 @@ static const char *yes_no(int v)
     return v ? "yes" : "no";
 }
 
-/* Log lines from opening the transport: auto's choice and why it passed the
- * other providers over. */
-static void topology_log(tern_log_level_t level, int rank, const char *msg, void *arg)
+/*
+ * The transport a rank would use, reported by tern-info (installed next to
+ * tern-run). It runs in a process of its own because opening the transport
+ * loads UCX, whose load-time constructor installs a SIGHUP handler
+ * (UCX_DEBUG_SIGNO): in tern-run that would break the rule that a signal
+ * ignored at start (nohup) stays ignored.
+ */
+static int print_transport(void)
 {
-    (void)level;
-    (void)rank;
-    (void)arg;
-    printf("  %s\n", msg);
-}
-
-/* Open the transport as a rank would (TERN_TRANSPORT, routed towards
- * MASTER_ADDR) and say which provider and device it runs on. */
-static int print_transport(const tern__config_t *cfg)
-{
-    tern_transport_params_t tp = {
-        .field_mask = TERN_TRANSPORT_PARAM_PEER_HINT,
-        .peer_hint = cfg->tern_master_addr[0] ? cfg->tern_master_addr : cfg->master_addr,
-    };
-    tern_transport_t *t = NULL;
-    tern_transport_attr_t attr;
-    tern_log_level_t saved = tern_log_get_level();
-
-    static const char *const names[] = {"auto", "verbs", "ucx", "tcp"}; /* the env table's order */
-    printf("transport (TERN_TRANSPORT=%s):\n", names[cfg->transport & 3]);
-    fflush(stdout);
-    tern_log_set_sink(topology_log, NULL);
-    tern_log_set_level(TERN_LOG_INFO);
-    tern_status_t st = tern_transport_open(&tp, &t);
-    tern_log_set_level(saved);
-    tern_log_set_sink(NULL, NULL);
-    if (st != TERN_OK) {
-        printf("  none can start: %s\n", tern_last_error());
+    char self[4096], path[4200];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+    if (n <= 0) {
+        printf("transport: cannot find tern-info (readlink /proc/self/exe: %s)\n", strerror(errno));
         return TR_EXIT_INTERNAL;
     }
-    tern_transport_query(t, &attr);
-    printf("  in use: %s on %s (eager limit of the transport %zu bytes)\n", attr.provider,
-           attr.device, attr.max_send);
-    tern_transport_close(t);
-    return 0;
+    self[n] = '\0';
+    char *slash = strrchr(self, '/');
+    if (slash != NULL)
+        *slash = '\0';
+    snprintf(path, sizeof(path), "%s/tern-info", self);
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid < 0) {
+        printf("transport: cannot start tern-info: %s\n", strerror(errno));
+        return TR_EXIT_INTERNAL;
+    }
+    if (pid == 0) {
+        execl(path, path, (char *)NULL);
+        printf("transport: cannot run %s: %s\n", path, strerror(errno));
+        fflush(stdout);
+        _exit(TR_EXIT_INTERNAL);
+    }
+    int status;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
+        ;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : TR_EXIT_INTERNAL;
 }
 
 static int print_topology(unsigned nranks)
@@ -325,7 +321,7 @@ static int print_topology(unsigned nranks)
                 tern_last_error()[0] != '\0' ? tern_last_error() : tern_strerror(st));
         return TR_EXIT_INTERNAL;
     }
-    int rc = print_transport(&cfg);
+    int rc = print_transport();
     int out = finish_stdout();
     return rc != 0 ? rc : out;
 }

@@ -64,7 +64,10 @@ typedef struct tern__tp_ops {
     /* Allocate the provider's transport (base first), fill attr. On error no
      * object survives. Must say why in the error detail. */
     tern_status_t (*open)(const tern__tp_config_t *cfg, tern_transport_t **tp_out);
-    /* Free everything; endpoints and registrations are already gone. */
+    /* Free everything: destroy the endpoints still open (their operations
+     * complete with TERN_ERR_CANCELED), and once nothing in flight can name a
+     * registration any more, release those the user left with
+     * tern__tp_release_mrs(). */
     void (*close)(tern_transport_t *tp);
     tern_status_t (*address)(const tern_transport_t *tp, void *buf, size_t *len);
     int (*progress)(tern_transport_t *tp);
@@ -91,6 +94,17 @@ typedef struct tern__tp_ops {
                                  tern_rkey_t **rkey_out);
     void (*rkey_release)(tern_rkey_t *rkey);
 } tern__tp_ops_t;
+
+/* Release the registrations still live at close (the user's leftovers).
+ * Providers call it from close once no operation can name them. */
+static inline void tern__tp_release_mrs(tern_transport_t *tp)
+{
+    while (tp->mrs != NULL) {
+        struct tern_mr *mr = tp->mrs;
+        tp->mrs = mr->next;
+        tp->ops->mr_dereg(mr);
+    }
+}
 
 /* Deliver an event to the transport's user. */
 static inline void tern__tp_event(tern_transport_t *tp, const tern_event_t *ev)

@@ -132,12 +132,8 @@ void tern_transport_close(tern_transport_t *tp)
 {
     if (tp == NULL)
         return;
-    /* Registrations left behind by the user go with the transport. */
-    while (tp->mrs != NULL) {
-        tern_mr_t *mr = tp->mrs;
-        tp->mrs = mr->next;
-        tp->ops->mr_dereg(mr);
-    }
+    /* The provider releases the registrations left behind by the user, once it
+     * has quiesced: operations in flight may still name them. */
     tp->ops->close(tp);
 }
 

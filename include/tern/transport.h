@@ -16,8 +16,8 @@
  *                           and the completion channel's fd
  *
  * Threading: a transport and everything made from it are used by one thread at
- * a time (the context's progress thread); the caller serializes. Callbacks run
- * inside tern_transport_progress() on that thread and must not block.
+ * a time, not necessarily always the same one; the caller serializes. Callbacks
+ * run inside tern_transport_progress() on the calling thread and must not block.
  *
  * Completion rule for send/put/get (as UCX's nbx calls): TERN_OK means the
  * operation is complete and the buffer reusable, and the callback is not
@@ -200,7 +200,8 @@ TERN_API size_t tern_mr_len(const tern_mr_t *mr);
 TERN_API tern_status_t tern_mr_pack(const tern_mr_t *mr, void *buf, size_t *len);
 
 /* Unpack a peer's packed key for use on ep. TERN_ERR_INVALID_PARAM when malformed.
- * The caller releases it with tern_rkey_release() before ep is destroyed. */
+ * The caller releases it with tern_rkey_release(), which is safe even after ep
+ * or the transport is gone; it must not be used on ep after ep is destroyed. */
 TERN_API tern_status_t tern_rkey_unpack(tern_ep_t *ep, const void *buf, size_t len,
                                         tern_rkey_t **rkey_out);
 TERN_API void tern_rkey_release(tern_rkey_t *rkey);
@@ -238,9 +239,12 @@ TERN_API tern_status_t tern_ep_send(tern_ep_t *ep, uint32_t imm, const void *buf
 /*
  * RDMA write: copy buf[0..len) (in params->mr) to remote address raddr inside the
  * region of rkey. With TERN_OP_PARAM_IMM the peer gets TERN_EVENT_PUT_IMM once
- * the data is in place. A key that is unknown, revoked, out of bounds or without
- * remote write access fails the operation with TERN_ERR_ACCESS here and raises
- * TERN_EVENT_ERROR at the peer; the endpoint stays usable.
+ * the data is in place; the put completes once its data is at the target. A key
+ * that is out of bounds or without remote write access fails the operation with
+ * TERN_ERR_ACCESS here and raises TERN_EVENT_ERROR at the peer; the endpoint
+ * stays usable. A revoked key (its region unregistered) is refused the same way
+ * by providers whose target takes part in the access (tcp, verbs); one-sided
+ * UCX RMA cannot check it (docs/transport-ucx.md).
  */
 TERN_API tern_status_t tern_ep_put(tern_ep_t *ep, const void *buf, size_t len, uint64_t raddr,
                                    tern_rkey_t *rkey, const tern_op_params_t *params);

@@ -627,6 +627,15 @@ static void test_peer_closes_mid_transfer(void **state)
     size_t klen = sizeof(key);
     tern_mr_t *rmr;
     tern_rkey_t *rk;
+    const char *tls = getenv("UCX_TLS");
+    if (strcmp(provider, "ucx") == 0 && tls != NULL && strcmp(tls, "sm") == 0) {
+        /* Known bug, open: closing a ucx transport on shared memory while its
+         * peer's operations are stuck crashes inside ucp_worker_destroy
+         * (request purge) in about half the release-build runs. See
+         * docs/transport-ucx.md, "Known problems". */
+        print_message("skipped for ucx on sm: known crash in UCX worker teardown\n");
+        skip();
+    }
     uint8_t *rmem = malloc(len);
     region_make(p, &local, len, RW, 0);
     assert_int_equal(tern_mr_reg(p->b.tp, rmem, len, NULL, &rmr), TERN_OK);
@@ -652,7 +661,9 @@ static void test_peer_closes_mid_transfer(void **state)
     local.rkey = NULL;
     tern_transport_close(p->b.tp);
     p->b.tp = NULL;
-    free(rmem);
+    /* rmem stays allocated until a's operations end: with shared memory in one
+     * process, a's puts are copied straight into it (a dead peer process takes
+     * its memory with it, which an in-process test cannot imitate). */
     uint64_t deadline = tern_clock_ns() + 60 * SEC;
     while (c.done < 20 && tern_clock_ns() < deadline)
         tern_transport_progress(p->a.tp);
@@ -666,6 +677,7 @@ static void test_peer_closes_mid_transfer(void **state)
     assert_true(st == TERN_ERR_PEER_LOST || st == TERN_ERR_CANCELED);
     tern_rkey_release(rk);
     region_free(&local);
+    free(rmem);
 }
 
 int main(int argc, char **argv)

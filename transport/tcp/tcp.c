@@ -1076,6 +1076,9 @@ static void tcp_close(tern_transport_t *tp)
         send_bye(c);
         conn_free(c);
     }
+    /* No connection is left to name a region: release the user's leftovers
+     * (removing them from the key table), then anything still pinned. */
+    tern__tp_release_mrs(tp);
     HASH_ITER(hh, t->keys, mr, tmp) {
         HASH_DEL(t->keys, mr);
         free(mr);

@@ -1,0 +1,772 @@
+/*
+ * Smoke test of the ucx provider (transport/ucx/ucx.c): two transports in one
+ * process, each with an endpoint to the other, both progressed by the test
+ * thread. What the provider-independent conformance suite cannot see is
+ * checked here: the rendezvous receive path, the immediate emulation, the
+ * refusal notices, the address and key headers, the close notices.
+ * Every wait is bounded (tern_clock_ns); nothing asserts a speed.
+ * Run once per UCX_TLS (tcp, sm): see ucx.cmake.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <poll.h>
+
+#include <cmocka.h>
+
+#include <tern/clock.h>
+#include <tern/transport.h>
+
+/* The provider's counter of sends received by rendezvous (tests only). */
+uint64_t tern__ucx_rndv_count(const tern_transport_t *tp);
+
+#define SEC 1000000000ull
+#define MAX_EV 4096
+#define RW (TERN_ACCESS_LOCAL | TERN_ACCESS_REMOTE_READ | TERN_ACCESS_REMOTE_WRITE)
+
+typedef struct side {
+    tern_transport_t *tp;
+    tern_ep_t *ep;
+    tern_transport_attr_t attr;
+    unsigned nev;
+    tern_event_t ev[MAX_EV]; /* data copied out below */
+    uint8_t *data[MAX_EV];
+    /* A put-with-immediate's target: checked when its event fires. */
+    const uint8_t *watch;
+    size_t watch_len;
+    uint8_t watch_seed;
+    int watch_ok;
+} side_t;
+
+typedef struct pair {
+    side_t a, b; /* self ids 0 and 1 */
+} pair_t;
+
+static uint8_t pat(uint8_t seed, size_t i)
+{
+    return (uint8_t)(seed ^ (i * 131) ^ (i >> 9));
+}
+
+static void fill(uint8_t *p, size_t n, uint8_t seed)
+{
+    for (size_t i = 0; i < n; i++)
+        p[i] = pat(seed, i);
+}
+
+static int same(const uint8_t *p, size_t n, uint8_t seed)
+{
+    for (size_t i = 0; i < n; i++)
+        if (p[i] != pat(seed, i))
+            return 0;
+    return 1;
+}
+
+static void on_event(const tern_event_t *ev, void *arg)
+{
+    side_t *s = arg;
+    if (s->nev >= MAX_EV)
+        fail_msg("more than %d events", MAX_EV);
+    s->ev[s->nev] = *ev;
+    s->data[s->nev] = NULL;
+    if (ev->type == TERN_EVENT_RECV && ev->len > 0) {
+        s->data[s->nev] = malloc(ev->len);
+        assert_non_null(s->data[s->nev]);
+        memcpy(s->data[s->nev], ev->data, ev->len);
+    }
+    if (ev->type == TERN_EVENT_PUT_IMM && s->watch != NULL)
+        s->watch_ok = same(s->watch, s->watch_len, s->watch_seed);
+    s->nev++;
+}
+
+static void forget_events(side_t *s)
+{
+    for (unsigned i = 0; i < s->nev; i++)
+        free(s->data[i]);
+    s->nev = 0;
+}
+
+static unsigned count(const side_t *s, tern_event_type_t type)
+{
+    unsigned n = 0;
+    for (unsigned i = 0; i < s->nev; i++)
+        n += s->ev[i].type == type;
+    return n;
+}
+
+/* The k-th event of a type, or fail. */
+static const tern_event_t *nth(const side_t *s, tern_event_type_t type, unsigned k)
+{
+    for (unsigned i = 0; i < s->nev; i++)
+        if (s->ev[i].type == type && k-- == 0)
+            return &s->ev[i];
+    fail_msg("no event %u of type %d", k, type);
+    return NULL;
+}
+
+static void progress(pair_t *p)
+{
+    if (p->a.tp != NULL)
+        tern_transport_progress(p->a.tp);
+    if (p->b.tp != NULL)
+        tern_transport_progress(p->b.tp);
+}
+
+#define PUMP(p, cond, what)                                                                        \
+    do {                                                                                           \
+        uint64_t until_ = tern_clock_ns() + 60 * SEC;                                              \
+        while (!(cond)) {                                                                          \
+            if (tern_clock_ns() > until_)                                                          \
+                fail_msg("timed out waiting for %s", what);                                        \
+            progress(p);                                                                           \
+        }                                                                                          \
+    } while (0)
+
+static tern_transport_t *open_ucx(uint32_t id, side_t *s, int busy)
+{
+    tern_transport_params_t params = {
+        .field_mask = TERN_TRANSPORT_PARAM_PROVIDER | TERN_TRANSPORT_PARAM_SELF_ID |
+                      TERN_TRANSPORT_PARAM_EVENT | TERN_TRANSPORT_PARAM_BUSY_POLL,
+        .provider = "ucx",
+        .self_id = id,
+        .on_event = on_event,
+        .event_arg = s,
+        .busy_poll = busy,
+    };
+    tern_transport_t *tp = NULL;
+    if (tern_transport_open(&params, &tp) != TERN_OK)
+        fail_msg("open ucx: %s", tern_last_error());
+    return tp;
+}
+
+static void connect_pair(pair_t *p)
+{
+    uint8_t addr[TERN_ADDR_MAX];
+    size_t len = sizeof(addr);
+    assert_int_equal(tern_transport_address(p->b.tp, addr, &len), TERN_OK);
+    if (tern_ep_create(p->a.tp, 1, addr, len, &p->a.ep) != TERN_OK)
+        fail_msg("ep a->b: %s", tern_last_error());
+    len = sizeof(addr);
+    assert_int_equal(tern_transport_address(p->a.tp, addr, &len), TERN_OK);
+    if (tern_ep_create(p->b.tp, 0, addr, len, &p->b.ep) != TERN_OK)
+        fail_msg("ep b->a: %s", tern_last_error());
+}
+
+static int setup(void **state)
+{
+    pair_t *p = calloc(1, sizeof(*p));
+    p->a.tp = open_ucx(0, &p->a, 0);
+    p->b.tp = open_ucx(1, &p->b, 0);
+    tern_transport_query(p->a.tp, &p->a.attr);
+    tern_transport_query(p->b.tp, &p->b.attr);
+    connect_pair(p);
+    *state = p;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    pair_t *p = *state;
+    tern_transport_close(p->a.tp);
+    tern_transport_close(p->b.tp);
+    forget_events(&p->a);
+    forget_events(&p->b);
+    free(p);
+    return 0;
+}
+
+typedef struct comp {
+    unsigned done, failed;
+    tern_status_t last, last_fail;
+} comp_t;
+
+static void comp_cb(void *arg, tern_status_t st)
+{
+    comp_t *c = arg;
+    c->done++;
+    c->last = st;
+    if (st != TERN_OK) {
+        c->failed++;
+        c->last_fail = st;
+    }
+}
+
+static tern_op_params_t with_cb(comp_t *c, tern_mr_t *mr)
+{
+    tern_op_params_t op = {.field_mask = TERN_OP_PARAM_CB, .cb = comp_cb, .cb_arg = c};
+    if (mr != NULL) {
+        op.field_mask |= TERN_OP_PARAM_MR;
+        op.mr = mr;
+    }
+    return op;
+}
+
+/* Account for a post: TERN_OK completes it now, TERN_INPROGRESS later. */
+static void post(tern_status_t st, comp_t *c)
+{
+    if (st == TERN_OK)
+        c->done++;
+    else if (st != TERN_INPROGRESS)
+        fail_msg("post: %s: %s", tern_status_name(st), tern_last_error());
+}
+
+/* ---- the transport ---- */
+
+static void test_open_and_attr(void **state)
+{
+    pair_t *p = *state;
+    const tern_transport_attr_t *at = &p->a.attr;
+    uint8_t small[4];
+    size_t len = sizeof(small);
+
+    print_message("device: %s\n", at->device);
+    assert_string_equal(at->provider, "ucx");
+    assert_non_null(strstr(at->device, "UCX 1."));
+    assert_non_null(strstr(at->device, "UCX_TLS="));
+    assert_int_equal(at->max_send, 1u << 20);
+    assert_true(at->max_put >= (64u << 20));
+    assert_true(at->addr_len > 40 && at->addr_len <= TERN_ADDR_MAX);
+    assert_int_equal(tern_transport_address(p->a.tp, small, &len), TERN_ERR_TRUNCATED);
+    assert_int_equal(len, at->addr_len);
+
+    /* Sleeping: an fd, and arm says when there is work first. A message
+     * arriving after arm makes the fd readable. */
+    int fd = tern_transport_fd(p->a.tp);
+    assert_true(fd >= 0);
+    uint64_t until = tern_clock_ns() + 10 * SEC;
+    tern_status_t st;
+    while ((st = tern_transport_arm(p->a.tp)) == TERN_ERR_NO_RESOURCE && tern_clock_ns() < until)
+        progress(p);
+    assert_int_equal(st, TERN_OK);
+    assert_int_equal(tern_ep_send(p->b.ep, 5, "wake", 4, NULL) >= 0, 1);
+    struct pollfd pfd = {.fd = fd, .events = POLLIN};
+    until = tern_clock_ns() + 10 * SEC;
+    while (poll(&pfd, 1, 0) == 0 && tern_clock_ns() < until)
+        tern_transport_progress(p->b.tp); /* only b: a sleeps */
+    assert_true(pfd.revents & POLLIN);
+    PUMP(p, p->a.nev == 1, "the waking message");
+
+    /* Busy-polling: no fd to sleep on. */
+    side_t s = {0};
+    tern_transport_t *busy = open_ucx(7, &s, 1);
+    assert_int_equal(tern_transport_fd(busy), -1);
+    assert_int_equal(tern_transport_arm(busy), TERN_ERR_UNSUPPORTED);
+    assert_true(tern_transport_progress(busy) >= 0);
+    tern_transport_close(busy);
+
+    /* A named provider that cannot start says why (UCX's reason), and does not
+     * fall back. UCX reads UCX_TLS at open: the test sets it for one open. */
+    tern_transport_params_t bad = {.field_mask = TERN_TRANSPORT_PARAM_PROVIDER, .provider = "ucx"};
+    tern_transport_t *none = NULL;
+    const char *tls = getenv("UCX_TLS");
+    char *saved = tls ? strdup(tls) : NULL;
+    setenv("UCX_TLS", "no_such_transport", 1);
+    st = tern_transport_open(&bad, &none);
+    if (saved != NULL)
+        setenv("UCX_TLS", saved, 1);
+    else
+        unsetenv("UCX_TLS");
+    free(saved);
+    assert_int_equal(st, TERN_ERR_NO_DEVICE);
+    assert_null(none);
+    print_message("cannot start: %s\n", tern_last_error());
+    assert_non_null(strstr(tern_last_error(), "ucp_init"));
+}
+
+/* ---- sends ---- */
+
+static void test_send_imm_and_src(void **state)
+{
+    pair_t *p = *state;
+    uint8_t msg[100];
+    comp_t c = {0};
+    tern_op_params_t op = with_cb(&c, NULL);
+
+    fill(msg, sizeof(msg), 1);
+    post(tern_ep_send(p->a.ep, 0xdeadbeef, msg, sizeof(msg), &op), &c);
+    post(tern_ep_send(p->a.ep, 0, NULL, 0, &op), &c);
+    post(tern_ep_send(p->b.ep, 0x12345678, msg, 10, &op), &c);
+    PUMP(p, c.done == 3 && p->b.nev == 2 && p->a.nev == 1, "three sends");
+    assert_int_equal(c.failed, 0);
+    assert_int_equal(p->b.ev[0].type, TERN_EVENT_RECV);
+    assert_int_equal(p->b.ev[0].src, 0);
+    assert_int_equal(p->b.ev[0].imm, 0xdeadbeef);
+    assert_int_equal(p->b.ev[0].len, sizeof(msg));
+    assert_true(same(p->b.data[0], sizeof(msg), 1));
+    assert_int_equal(p->b.ev[1].len, 0);
+    assert_int_equal(p->b.ev[1].imm, 0);
+    assert_int_equal(p->a.ev[0].src, 1);
+    assert_int_equal(p->a.ev[0].imm, 0x12345678);
+    assert_true(same(p->a.data[0], 10, 1));
+    /* Over the limit is refused before anything goes out. */
+    assert_int_equal(tern_ep_send(p->a.ep, 1, msg, p->a.attr.max_send + 1, NULL),
+                     TERN_ERR_INVALID_PARAM);
+}
+
+/* 1000 sends, every 50th one large enough to go by rendezvous: they arrive in
+ * the order sent, the small ones waiting behind the large. */
+static void test_ordering_with_rendezvous(void **state)
+{
+    pair_t *p = *state;
+    enum { N = 1000, BIG = 256 * 1024 };
+    uint8_t *big = malloc(BIG), small[64];
+    comp_t c = {0};
+    tern_op_params_t op = with_cb(&c, NULL);
+    const uint64_t rndv0 = tern__ucx_rndv_count(p->b.tp);
+
+    fill(big, BIG, 9);
+    fill(small, sizeof(small), 9);
+    for (unsigned i = 0; i < N; i++) {
+        if (i % 50 == 0)
+            post(tern_ep_send(p->a.ep, i, big, BIG, &op), &c);
+        else
+            post(tern_ep_send(p->a.ep, i, small, i % 64, &op), &c);
+    }
+    PUMP(p, c.done == N && p->b.nev == N, "1000 sends");
+    assert_int_equal(c.failed, 0);
+    for (unsigned i = 0; i < N; i++) {
+        const size_t len = i % 50 == 0 ? BIG : i % 64;
+        if (p->b.ev[i].imm != i || p->b.ev[i].len != len)
+            fail_msg("event %u: imm %u len %zu (out of order)", i, p->b.ev[i].imm, p->b.ev[i].len);
+        assert_int_equal(p->b.ev[i].src, 0);
+        if (len > 0)
+            assert_true(same(p->b.data[i], len, 9));
+    }
+    print_message("rendezvous receives: %llu\n",
+                  (unsigned long long)(tern__ucx_rndv_count(p->b.tp) - rndv0));
+    assert_true(tern__ucx_rndv_count(p->b.tp) - rndv0 >= N / 50);
+    free(big);
+}
+
+/* The largest send, by rendezvous, lands whole. */
+static void test_large_send(void **state)
+{
+    pair_t *p = *state;
+    const size_t len = p->a.attr.max_send;
+    uint8_t *buf = malloc(len);
+    comp_t c = {0};
+    tern_op_params_t op = with_cb(&c, NULL);
+    const uint64_t rndv0 = tern__ucx_rndv_count(p->b.tp);
+
+    fill(buf, len, 42);
+    post(tern_ep_send(p->a.ep, 4242, buf, len, &op), &c);
+    PUMP(p, c.done == 1 && p->b.nev == 1, "a 1 MiB send");
+    assert_int_equal(c.failed, 0);
+    assert_int_equal(p->b.ev[0].len, len);
+    assert_int_equal(p->b.ev[0].imm, 4242);
+    assert_true(same(p->b.data[0], len, 42));
+    assert_int_equal(tern__ucx_rndv_count(p->b.tp) - rndv0, 1);
+    free(buf);
+}
+
+/* ---- put / get ---- */
+
+typedef struct region {
+    uint8_t *mem;
+    size_t len;
+    tern_mr_t *mr;
+    tern_rkey_t *rkey; /* on the other side's endpoint */
+} region_t;
+
+static void region(pair_t *p, region_t *r, size_t len, unsigned access, int on_b)
+{
+    side_t *own = on_b ? &p->b : &p->a, *peer = on_b ? &p->a : &p->b;
+    tern_mr_params_t mp = {.field_mask = TERN_MR_PARAM_ACCESS | TERN_MR_PARAM_NO_CACHE,
+                           .access = access};
+    uint8_t key[TERN_RKEY_MAX];
+    size_t klen = sizeof(key);
+
+    r->len = len;
+    r->mem = malloc(len + 1);
+    assert_non_null(r->mem);
+    if (tern_mr_reg(own->tp, r->mem, len, &mp, &r->mr) != TERN_OK)
+        fail_msg("mr_reg %zu: %s", len, tern_last_error());
+    assert_int_equal(tern_mr_pack(r->mr, key, &klen), TERN_OK);
+    if (tern_rkey_unpack(peer->ep, key, klen, &r->rkey) != TERN_OK)
+        fail_msg("rkey_unpack: %s", tern_last_error());
+    assert_int_equal(tern_rkey_addr(r->rkey), (uintptr_t)r->mem);
+    assert_int_equal(tern_rkey_len(r->rkey), len);
+}
+
+static void region_free(region_t *r)
+{
+    tern_rkey_release(r->rkey);
+    tern_mr_dereg(r->mr);
+    free(r->mem);
+}
+
+static tern_status_t rma(pair_t *p, int get, region_t *local, size_t loff, region_t *remote,
+                         size_t roff, size_t len, const uint32_t *imm)
+{
+    comp_t c = {0};
+    tern_op_params_t op = with_cb(&c, local->mr);
+    uint64_t raddr = tern_rkey_addr(remote->rkey) + roff;
+    tern_status_t st;
+
+    if (imm != NULL) {
+        op.field_mask |= TERN_OP_PARAM_IMM;
+        op.imm = *imm;
+    }
+    st = get ? tern_ep_get(p->a.ep, local->mem + loff, len, raddr, remote->rkey, &op)
+             : tern_ep_put(p->a.ep, local->mem + loff, len, raddr, remote->rkey, &op);
+    if (st != TERN_INPROGRESS)
+        return st;
+    PUMP(p, c.done == 1, get ? "a get" : "a put");
+    return c.last;
+}
+
+static void test_put_get_sizes(void **state)
+{
+    pair_t *p = *state;
+    const size_t max = 64u << 20;
+    /* {length, local offset, remote offset}: unaligned on both sides but the last. */
+    const size_t cases[][3] = {{0, 0, 0},    {1, 0, 0},     {1, 7, 13},
+                               {4093, 3, 5}, {65537, 1, 2}, {max, 0, 0}};
+    region_t l, r;
+
+    region(p, &l, max, RW, 0);
+    region(p, &r, max, RW, 1);
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        const size_t len = cases[i][0], lo = cases[i][1], ro = cases[i][2];
+        const uint8_t seed = (uint8_t)(0x30 + i);
+        fill(l.mem + lo, len, seed);
+        memset(r.mem, 0xee, ro + len + 1 < max ? ro + len + 1 : max);
+        assert_int_equal(rma(p, 0, &l, lo, &r, ro, len, NULL), TERN_OK);
+        if (!same(r.mem + ro, len, seed))
+            fail_msg("put of %zu bytes (+%zu -> +%zu) landed wrong", len, lo, ro);
+        if (ro + len < max)
+            assert_int_equal(r.mem[ro + len], 0xee);
+        if (ro > 0)
+            assert_int_equal(r.mem[ro - 1], 0xee);
+        memset(l.mem, 0, lo + len + 1 < max ? lo + len + 1 : max);
+        assert_int_equal(rma(p, 1, &l, lo, &r, ro, len, NULL), TERN_OK);
+        if (!same(l.mem + lo, len, seed))
+            fail_msg("get of %zu bytes read wrong", len);
+        if (lo + len < max)
+            assert_int_equal(l.mem[lo + len], 0);
+    }
+    region_free(&l);
+    region_free(&r);
+
+    /* An empty region: zero-byte operations at its address, nothing else. */
+    region_t e;
+    region(p, &l, 16, RW, 0);
+    region(p, &e, 0, RW, 1);
+    assert_int_equal(rma(p, 0, &l, 0, &e, 0, 0, NULL), TERN_OK);
+    assert_int_equal(rma(p, 1, &l, 0, &e, 0, 0, NULL), TERN_OK);
+    unsigned errors = count(&p->b, TERN_EVENT_ERROR);
+    assert_int_equal(rma(p, 0, &l, 0, &e, 0, 1, NULL), TERN_ERR_ACCESS);
+    PUMP(p, count(&p->b, TERN_EVENT_ERROR) == errors + 1, "the refusal's notice");
+    region_free(&l);
+    region_free(&e);
+}
+
+/* The target's event comes once the data is in place; zero-byte puts with
+ * immediate work too, and order after the earlier puts. */
+static void test_put_with_imm(void **state)
+{
+    pair_t *p = *state;
+    const size_t len = 8u << 20;
+    region_t l, r;
+    uint32_t imm = 0xfeedf00d;
+
+    region(p, &l, len, RW, 0);
+    region(p, &r, len, RW, 1);
+    fill(l.mem, len, 5);
+    memset(r.mem, 0, len);
+    p->b.watch = r.mem;
+    p->b.watch_len = len;
+    p->b.watch_seed = 5;
+    assert_int_equal(rma(p, 0, &l, 0, &r, 0, len, &imm), TERN_OK);
+    PUMP(p, count(&p->b, TERN_EVENT_PUT_IMM) == 1, "the put's immediate");
+    assert_true(p->b.watch_ok);
+    assert_int_equal(nth(&p->b, TERN_EVENT_PUT_IMM, 0)->imm, imm);
+    assert_int_equal(nth(&p->b, TERN_EVENT_PUT_IMM, 0)->len, len);
+    assert_int_equal(nth(&p->b, TERN_EVENT_PUT_IMM, 0)->src, 0);
+
+    /* A plain put not waited for, then a zero-byte put with immediate: the
+     * event means the plain put has landed as well. */
+    comp_t c = {0};
+    tern_op_params_t op = with_cb(&c, l.mr);
+    fill(l.mem, 4096, 6);
+    p->b.watch_len = 4096;
+    p->b.watch_seed = 6;
+    p->b.watch_ok = 0;
+    post(tern_ep_put(p->a.ep, l.mem, 4096, tern_rkey_addr(r.rkey), r.rkey, &op), &c);
+    imm = 7;
+    op.field_mask |= TERN_OP_PARAM_IMM;
+    op.imm = imm;
+    post(tern_ep_put(p->a.ep, l.mem, 0, tern_rkey_addr(r.rkey), r.rkey, &op), &c);
+    PUMP(p, c.done == 2 && count(&p->b, TERN_EVENT_PUT_IMM) == 2, "the zero-byte immediate");
+    assert_int_equal(c.failed, 0);
+    assert_true(p->b.watch_ok);
+    assert_int_equal(nth(&p->b, TERN_EVENT_PUT_IMM, 1)->len, 0);
+    assert_int_equal(nth(&p->b, TERN_EVENT_PUT_IMM, 1)->imm, 7);
+    p->b.watch = NULL;
+    region_free(&l);
+    region_free(&r);
+}
+
+/* Out of bounds or without the access: refused at the initiator
+ * (TERN_ERR_ACCESS), an error event at the target, the endpoint still works. */
+static void test_refusals(void **state)
+{
+    pair_t *p = *state;
+    region_t l, r, ro, wo;
+    const uint32_t imm = 0xabcd;
+    struct {
+        int get;
+        region_t *reg;
+        size_t off, len;
+        const uint32_t *imm;
+    } bad[] = {
+        {0, &r, 4000, 200, &imm}, /* put straddling the end, with immediate */
+        {1, &r, 4096, 1, NULL},   /* get just past the end */
+        {0, &ro, 0, 8, NULL},     /* put into a region without remote write */
+        {1, &wo, 0, 8, NULL},     /* get from a region without remote read */
+    };
+
+    region(p, &l, 4096, RW, 0);
+    region(p, &r, 4096, RW, 1);
+    region(p, &ro, 4096, TERN_ACCESS_LOCAL | TERN_ACCESS_REMOTE_READ, 1);
+    region(p, &wo, 4096, TERN_ACCESS_LOCAL | TERN_ACCESS_REMOTE_WRITE, 1);
+    memset(r.mem, 0x5a, 4096);
+    memset(ro.mem, 0x5a, 4096);
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        const unsigned errors = count(&p->b, TERN_EVENT_ERROR),
+                       recvs = count(&p->b, TERN_EVENT_RECV);
+        assert_int_equal(rma(p, bad[i].get, &l, 0, bad[i].reg, bad[i].off, bad[i].len, bad[i].imm),
+                         TERN_ERR_ACCESS);
+        assert_non_null(strstr(tern_last_error(), bad[i].get ? "tern_ep_get" : "tern_ep_put"));
+        PUMP(p, count(&p->b, TERN_EVENT_ERROR) == errors + 1, "the target's error event");
+        const tern_event_t *ev = nth(&p->b, TERN_EVENT_ERROR, errors);
+        assert_int_equal(ev->status, TERN_ERR_ACCESS);
+        assert_int_equal(ev->src, 0);
+        assert_int_equal(ev->imm, bad[i].imm ? *bad[i].imm : 0);
+        /* Still usable, both ways. */
+        comp_t c = {0};
+        tern_op_params_t op = with_cb(&c, NULL);
+        post(tern_ep_send(p->a.ep, 99, "ok", 2, &op), &c);
+        PUMP(p, c.done == 1 && count(&p->b, TERN_EVENT_RECV) == recvs + 1, "a send afterwards");
+        assert_int_equal(c.failed, 0);
+    }
+    for (size_t i = 0; i < 4096; i++)
+        assert_true(r.mem[i] == 0x5a && ro.mem[i] == 0x5a);
+    /* The allowed directions work. */
+    assert_int_equal(rma(p, 1, &l, 0, &ro, 0, 8, NULL), TERN_OK);
+    assert_int_equal(rma(p, 0, &l, 0, &wo, 0, 8, NULL), TERN_OK);
+    region_free(&l);
+    region_free(&r);
+    region_free(&ro);
+    region_free(&wo);
+}
+
+/* ---- malformed blobs ---- */
+
+static void test_malformed_address_and_key(void **state)
+{
+    pair_t *p = *state;
+    uint8_t addr[TERN_ADDR_MAX], bad[TERN_ADDR_MAX + 8];
+    size_t len = sizeof(addr);
+    tern_ep_t *ep = NULL;
+
+    assert_int_equal(tern_transport_address(p->b.tp, addr, &len), TERN_OK);
+    /* Truncated anywhere. */
+    for (size_t cut = 1; cut < len; cut += (cut < 64 ? 1 : 97))
+        assert_int_equal(tern_ep_create(p->a.tp, 1, addr, cut, &ep), TERN_ERR_INVALID_PARAM);
+    /* One byte damaged anywhere (header or UCX's part). */
+    for (size_t i = 0; i < len; i += (i < 64 ? 1 : 13)) {
+        memcpy(bad, addr, len);
+        bad[i] ^= 0x40;
+        assert_int_equal(tern_ep_create(p->a.tp, 1, bad, len, &ep), TERN_ERR_INVALID_PARAM);
+    }
+    /* Trailing junk, another provider's blob, the wrong peer id. */
+    memcpy(bad, addr, len);
+    bad[len] = 0;
+    assert_int_equal(tern_ep_create(p->a.tp, 1, bad, len + 1, &ep), TERN_ERR_INVALID_PARAM);
+    memset(bad, 0x11, 64);
+    assert_int_equal(tern_ep_create(p->a.tp, 1, bad, 64, &ep), TERN_ERR_INVALID_PARAM);
+    assert_int_equal(tern_ep_create(p->a.tp, 5, addr, len, &ep), TERN_ERR_INVALID_PARAM);
+    assert_non_null(strstr(tern_last_error(), "peer 1, not peer 5"));
+    assert_null(ep);
+
+    /* Keys. */
+    region_t r;
+    uint8_t key[TERN_RKEY_MAX], kbad[TERN_RKEY_MAX];
+    size_t klen = sizeof(key), small = 8;
+    tern_rkey_t *rk = NULL;
+    region(p, &r, 4096, RW, 1);
+    assert_int_equal(tern_mr_pack(r.mr, key, &small), TERN_ERR_TRUNCATED);
+    assert_int_equal(tern_mr_pack(r.mr, key, &klen), TERN_OK);
+    assert_int_equal(small, klen);
+    for (size_t cut = 1; cut < klen; cut++)
+        assert_int_equal(tern_rkey_unpack(p->a.ep, key, cut, &rk), TERN_ERR_INVALID_PARAM);
+    for (size_t i = 0; i < klen; i++) {
+        memcpy(kbad, key, klen);
+        kbad[i] ^= 0x01;
+        assert_int_equal(tern_rkey_unpack(p->a.ep, kbad, klen, &rk), TERN_ERR_INVALID_PARAM);
+    }
+    memset(kbad, 0xab, sizeof(kbad));
+    assert_int_equal(tern_rkey_unpack(p->a.ep, kbad, 64, &rk), TERN_ERR_INVALID_PARAM);
+    assert_null(rk);
+    /* An address is not a key. */
+    assert_int_equal(
+        tern_rkey_unpack(p->a.ep, addr, len < TERN_RKEY_MAX ? len : TERN_RKEY_MAX, &rk),
+        TERN_ERR_INVALID_PARAM);
+    /* And the good ones still work. */
+    assert_int_equal(tern_rkey_unpack(p->a.ep, key, klen, &rk), TERN_OK);
+    tern_rkey_release(rk);
+    region_free(&r);
+}
+
+/* ---- teardown ---- */
+
+/* Destroying an endpoint cancels what is in flight on it (callbacks with
+ * TERN_ERR_CANCELED, none after), the peer drops the canceled messages and
+ * hears TERN_ERR_PEER_LOST; later posts on its endpoint fail at once. */
+static void test_ep_destroy_cancels(void **state)
+{
+    pair_t *p = *state;
+    const size_t len = p->a.attr.max_send;
+    uint8_t *buf = malloc(len);
+    comp_t c = {0};
+    tern_op_params_t op = with_cb(&c, NULL);
+    unsigned inflight = 0;
+
+    /* Connected and idle first. */
+    post(tern_ep_send(p->a.ep, 1, "x", 1, &op), &c);
+    PUMP(p, c.done == 1 && p->b.nev == 1, "a first send");
+    c.done = 0;
+    fill(buf, len, 3);
+    for (int i = 0; i < 4; i++) {
+        tern_status_t st = tern_ep_send(p->a.ep, 100 + i, buf, len, &op);
+        post(st, &c);
+        inflight += st == TERN_INPROGRESS;
+    }
+    tern_ep_destroy(p->a.ep); /* without b progressing: rendezvous sends cannot finish */
+    p->a.ep = NULL;
+    assert_int_equal(c.done, 4);
+    assert_int_equal(c.failed, inflight);
+    if (inflight > 0)
+        assert_int_equal(c.last_fail, TERN_ERR_CANCELED);
+    PUMP(p, count(&p->b, TERN_EVENT_ERROR) == 1, "b to hear that a left");
+    const tern_event_t *ev = nth(&p->b, TERN_EVENT_ERROR, 0);
+    assert_int_equal(ev->status, TERN_ERR_PEER_LOST);
+    assert_int_equal(ev->src, 0);
+    /* A little more progress: nothing canceled shows up at b. */
+    for (int i = 0; i < 1000; i++)
+        progress(p);
+    assert_int_equal(count(&p->b, TERN_EVENT_RECV), 1 + (4 - inflight));
+    assert_int_equal(c.done, 4);
+    assert_int_equal(tern_ep_send(p->b.ep, 1, "y", 1, NULL), TERN_ERR_PEER_LOST);
+    tern_ep_destroy(p->b.ep);
+    p->b.ep = NULL;
+    /* A new pair of endpoints between the same transports works. */
+    connect_pair(p);
+    comp_t c2 = {0};
+    tern_op_params_t op2 = with_cb(&c2, NULL);
+    post(tern_ep_send(p->b.ep, 77, "z", 1, &op2), &c2);
+    PUMP(p, c2.done == 1 && count(&p->a, TERN_EVENT_RECV) == 1, "a send on new endpoints");
+    assert_int_equal(nth(&p->a, TERN_EVENT_RECV, 0)->imm, 77);
+    free(buf);
+}
+
+/* The peer's whole transport goes (closed while ops are in flight): every op
+ * completes with an error, the user hears TERN_ERR_PEER_LOST, later posts fail. */
+static void test_peer_transport_closes(void **state)
+{
+    pair_t *p = *state;
+    const size_t len = p->a.attr.max_send;
+    region_t l, r;
+    comp_t c = {0};
+    tern_op_params_t op;
+    unsigned n = 0;
+
+    region(p, &l, len, RW, 0);
+    region(p, &r, len, RW, 1);
+    op = with_cb(&c, l.mr);
+    post(tern_ep_send(p->a.ep, 1, "x", 1, &op), &c);
+    PUMP(p, c.done == 1, "a first send");
+    c.done = 0;
+    for (int i = 0; i < 8; i++) {
+        tern_status_t st = tern_ep_send(p->a.ep, 2, l.mem, len, &op);
+        post(st, &c);
+        n++;
+        st = tern_ep_get(p->a.ep, l.mem, len, tern_rkey_addr(r.rkey), r.rkey, &op);
+        post(st, &c);
+        n++;
+    }
+    tern_rkey_release(r.rkey);
+    r.rkey = NULL;
+    tern_transport_close(p->b.tp);
+    p->b.tp = NULL;
+    p->b.ep = NULL;
+    PUMP(p, c.done == n && count(&p->a, TERN_EVENT_ERROR) >= 1, "every op and the loss event");
+    const tern_event_t *ev = nth(&p->a, TERN_EVENT_ERROR, 0);
+    assert_int_equal(ev->status, TERN_ERR_PEER_LOST);
+    assert_int_equal(ev->src, 1);
+    if (c.failed > 0)
+        assert_int_equal(c.last_fail, TERN_ERR_PEER_LOST);
+    print_message("%u of %u ops failed with TERN_ERR_PEER_LOST\n", c.failed, n);
+    assert_int_equal(tern_ep_send(p->a.ep, 1, "x", 1, NULL), TERN_ERR_PEER_LOST);
+    region_free(&l); /* its key was unpacked on b's endpoint: released without it */
+    free(r.mem);     /* its registration went with b's transport */
+}
+
+/* Closing a transport with ops in flight completes them with TERN_ERR_CANCELED
+ * (and leaks nothing: the sanitizer run checks). */
+static void test_close_cancels(void **state)
+{
+    pair_t *p = *state;
+    const size_t len = 4u << 20;
+    region_t l, r;
+    comp_t c = {0};
+    tern_op_params_t op;
+
+    region(p, &l, len, RW, 0);
+    region(p, &r, len, RW, 1);
+    op = with_cb(&c, l.mr);
+    post(tern_ep_send(p->a.ep, 1, "x", 1, &op), &c);
+    PUMP(p, c.done == 1, "a first send");
+    c.done = 0;
+    unsigned n = 0;
+    for (int i = 0; i < 4; i++) {
+        post(tern_ep_put(p->a.ep, l.mem, len, tern_rkey_addr(r.rkey), r.rkey, &op), &c);
+        post(tern_ep_send(p->a.ep, 3, l.mem, p->a.attr.max_send, &op), &c);
+        n += 2;
+    }
+    unsigned early = c.done;
+    tern_rkey_release(r.rkey);
+    r.rkey = NULL;
+    tern_transport_close(p->a.tp);
+    p->a.tp = NULL;
+    assert_int_equal(c.done, n);
+    assert_int_equal(c.failed, n - early);
+    if (n > early)
+        assert_int_equal(c.last_fail, TERN_ERR_CANCELED);
+    tern_rkey_release(l.rkey); /* on b's endpoint */
+    free(l.mem);               /* its registration went with a's transport */
+    tern_mr_dereg(r.mr);
+    free(r.mem);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_open_and_attr, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_send_imm_and_src, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_ordering_with_rendezvous, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_large_send, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_put_get_sizes, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_put_with_imm, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_refusals, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_malformed_address_and_key, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_ep_destroy_cancels, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_peer_transport_closes, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_close_cancels, setup, teardown),
+    };
+    return cmocka_run_group_tests_name("ucx_smoke", tests, NULL, NULL);
+}

@@ -1,0 +1,2626 @@
+/*
+ * The "ucx" provider: tern's transport over UCP (UCX's protocol layer), so that
+ * whatever fabric UCX drives (InfiniBand, RoCE, shared memory, TCP) carries
+ * tern's sends, puts and gets. docs/transport-ucx.md is the long form.
+ *
+ *   open      ucp_config_read (UCX_* variables, notably UCX_TLS, are honoured),
+ *             ucp_init with AM + RMA (+ WAKEUP unless busy-polling), one worker
+ *             in UCS_THREAD_MODE_SERIALIZED: tern serializes every call, but not
+ *             always on the thread that opened the transport (p2p opens it,
+ *             then its progress thread drives it), which SINGLE would forbid.
+ *   address   a tern header (magic, version, self_id, checksum) + the worker address
+ *   ep        ucp_ep_create with UCP_ERR_HANDLING_MODE_PEER where the transports
+ *             can detect peer failure, UCP_ERR_HANDLING_MODE_NONE where they
+ *             cannot (shared memory in UCX 1.13)
+ *   send      ucp_am_send_nbx on one AM id; the AM header carries the sender's
+ *             self_id, the immediate, and a per-endpoint sequence number
+ *   put       ucp_put_nbx + ucp_ep_flush_nbx: a put completes once the data is
+ *             at the target, as an RC write completes once acknowledged
+ *   put+imm   the above, then a notify AM: the target raises TERN_EVENT_PUT_IMM
+ *             only after the data is in place
+ *   get       ucp_get_nbx
+ *   mr        ucp_mem_map of the caller's range + ucp_rkey_pack behind a tern header
+ *             (base, length, access, registration id, checksum)
+ *
+ * UCP checks neither bounds nor access of a remote key, so the initiator checks
+ * them from the key's header before issuing; a refusal fails the operation
+ * with TERN_ERR_ACCESS and a small AM tells the target, which raises
+ * TERN_EVENT_ERROR. A key its owner has since unregistered cannot be checked
+ * by anyone (see ucx_put).
+ *
+ * Ordering. Every AM carries (sender conn id, seq). The receiver keeps one
+ * stream per (src, conn) and delivers its events strictly in seq order, so a
+ * message that arrives by rendezvous (received with ucp_am_recv_data_nbx into
+ * a buffer) holds back later ones from the same endpoint until it has landed,
+ * and UCX's own ordering (which is not promised for multi-fragment AMs) does
+ * not matter.
+ *
+ * Callbacks. Nothing user-visible runs inside a UCX callback: UCX callbacks
+ * only record (an op's request finished, a message arrived, an endpoint
+ * failed), and ucx_progress() delivers completions and events after
+ * ucp_worker_progress() returns. The internal progress done while an endpoint
+ * or the transport is being torn down (bounded waits) therefore never runs a
+ * user callback other than the CANCELED completions the teardown promises.
+ *
+ * Teardown. Destroying an endpoint sends a BYE listing the sequence numbers
+ * it is canceling (an AM, or on the notice channel below), then closes the UCP
+ * endpoint (force with PEER error handling, flush without), waiting a bounded
+ * time for UCX to let go of the operations' buffers; the operations in flight
+ * complete with TERN_ERR_CANCELED. The peer drops the canceled messages and
+ * reports TERN_ERR_PEER_LOST for its endpoint to us.
+ *
+ * Peer failure. With UCP_ERR_HANDLING_MODE_PEER, UCX reports it (ep_err_cb).
+ * Shared memory in UCX 1.13 cannot, so those endpoints (peers on this host)
+ * also hold a "notice channel": a unix socket to the peer's listener, which
+ * carries the BYE and whose hang-up means the peer's transport or process is
+ * gone.
+ */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <ucp/api/ucp.h>
+#include <ucs/debug/log_def.h>
+
+#include <tern/build_config.h>
+#include <tern/clock.h>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "transport/provider.h"
+
+/* ---- limits and wire constants ---- */
+
+#define AM_ID 0x7e /* the one UCP AM id tern uses on its own worker */
+
+/* Largest send. UCP itself switches to rendezvous well below this (tens of KiB
+ * on tcp and shared memory), so a send this size is already zero-copy at the
+ * sender; above it the layers above use put/get rendezvous of their own. */
+#define MAX_SEND ((size_t)1 << 20)
+/* UCP puts no limit on a put or get; this cap only keeps offset arithmetic far
+ * from overflow. */
+#define MAX_PUT ((size_t)1 << 40)
+
+#define WIRE_VERSION 1
+#define ADDR_MAGIC 0x58435554u /* "TUCX" little-endian */
+#define RKEY_MAGIC 0x4b435554u /* "TUCK" */
+#define ADDR_HDR_LEN 40u
+#define ADDR_F_NOTICE 1u /* the address names a notice listener (pid, key) */
+#define RKEY_HDR_LEN 40u
+#define MSG_HDR_LEN 32u
+
+/* Bounded waits of teardown: never hang on a peer that does not answer. */
+#define BYE_WAIT_NS (250ull * 1000 * 1000)
+#define CLOSE_WAIT_NS (1000ull * 1000 * 1000)
+#define ORPHAN_WAIT_NS (250ull * 1000 * 1000)
+
+#define NOTICE_POLL_NS (1000ull * 1000) /* look at the notice sockets at least this often */
+#define NOTICE_HDR_LEN 20u
+#define NOTICE_MAX_LIST 4096u /* canceled seqs a BYE datagram lists at most */
+#define PROGRESS_ROUNDS 16    /* ucp_worker_progress rounds per tern progress call at most */
+#define OP_CACHE_MAX 256
+
+enum msg_type {
+    MSG_SEND = 1,    /* a tern_ep_send: payload = the data */
+    MSG_PUT_IMM = 2, /* a put with immediate landed: len = its bytes */
+    MSG_ACCESS = 3,  /* the sender refused a put/get on our region: imm, len */
+    MSG_BYE = 4,     /* the sender destroyed its endpoint: payload = canceled seqs */
+};
+
+/* Datagrams on a notice channel: u8 type, u8 version, u16 0, u32 src, u32 conn,
+ * u32 seq, u32 n, then n u32 canceled seqs (BYE). */
+enum notice_type {
+    NOTICE_HELLO = 1, /* first on a channel: which peer endpoint it belongs to */
+    NOTICE_BYE = 2,   /* the endpoint is destroyed; its next seq and canceled seqs */
+};
+
+enum msg_flag {
+    MSGF_IMM = 1u << 0, /* MSG_ACCESS: the refused put carried an immediate */
+    MSGF_GET = 1u << 1, /* MSG_ACCESS: the refused operation was a get */
+};
+
+/* ---- little helpers ---- */
+
+typedef struct link {
+    struct link *prev, *next;
+} link_t;
+
+#define link_entry(ptr, type, member) ((type *)(void *)((char *)(ptr)-offsetof(type, member)))
+
+static void link_init(link_t *l)
+{
+    l->prev = l->next = l;
+}
+
+static bool link_empty(const link_t *head)
+{
+    return head->next == head;
+}
+
+static void link_add_tail(link_t *head, link_t *l)
+{
+    l->prev = head->prev;
+    l->next = head;
+    head->prev->next = l;
+    head->prev = l;
+}
+
+static void link_add_before(link_t *at, link_t *l)
+{
+    link_add_tail(at, l);
+}
+
+/* Safe on an unlinked (self-linked) node. */
+static void link_del(link_t *l)
+{
+    l->prev->next = l->next;
+    l->next->prev = l->prev;
+    l->prev = l->next = l;
+}
+
+static void put_u16(uint8_t *p, uint16_t v)
+{
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+}
+
+static void put_u32(uint8_t *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static void put_u64(uint8_t *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static uint16_t get_u16(const uint8_t *p)
+{
+    return (uint16_t)(p[0] | (p[1] << 8));
+}
+
+static uint32_t get_u32(const uint8_t *p)
+{
+    uint32_t v = 0;
+    for (int i = 3; i >= 0; i--)
+        v = (v << 8) | p[i];
+    return v;
+}
+
+static uint64_t get_u64(const uint8_t *p)
+{
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--)
+        v = (v << 8) | p[i];
+    return v;
+}
+
+/* FNV-1a: catches a blob damaged on its way through the store before UCX,
+ * which does not validate what it unpacks, ever sees it. */
+static uint32_t fnv1a(uint32_t h, const void *data, size_t len)
+{
+    const uint8_t *p = data;
+    for (size_t i = 0; i < len; i++) {
+        h ^= p[i];
+        h *= 16777619u;
+    }
+    return h;
+}
+
+#define FNV_SEED 2166136261u
+
+/* The address blob:
+ *   0 u32 magic  4 u16 version  6 u16 header length (40)  8 u32 self_id
+ *  12 u32 UCX address length  16 u32 checksum  20 u32 flags (ADDR_F_NOTICE)
+ *  24 u32 pid  28 u32 0  32 u64 notice key  40.. the UCX worker address
+ * The checksum covers everything but itself. */
+static uint32_t addr_checksum(const uint8_t *a, size_t ulen)
+{
+    uint32_t h = fnv1a(FNV_SEED, a, 16);
+    h = fnv1a(h, a + 20, 20);
+    return fnv1a(h, a + 40, ulen);
+}
+
+/* seq a comes before seq b, modulo 2^32. */
+static bool seq_before(uint32_t a, uint32_t b)
+{
+    return (int32_t)(a - b) < 0;
+}
+
+/* ---- objects ---- */
+
+typedef struct ucx_tp ucx_tp_t;
+typedef struct ucx_ep ucx_ep_t;
+
+enum op_kind { OP_SEND, OP_PUT, OP_PUT_IMM, OP_GET, OP_CTRL };
+
+/* What an event on the transport's epoll fd points at. */
+typedef struct watch {
+    enum { WATCH_UCX, WATCH_LISTENER, WATCH_CONN, WATCH_EP } kind;
+} watch_t;
+
+/*
+ * One posted operation. Lives from post to completion: on its endpoint's ops
+ * list, and on the transport's done queue once all its UCX requests have
+ * finished (pending == 0) until progress completes it. An op given up on
+ * (canceled or failed by teardown or peer loss) while UCX still holds a
+ * request of it releases those requests (ucp_request_free: UCX finishes them
+ * on its own and calls nothing back) and is freed.
+ */
+typedef struct ucx_op {
+    link_t link;  /* ep->ops */
+    link_t dlink; /* tp->done */
+    ucx_tp_t *tp;
+    ucx_ep_t *ep;
+    tern__comp_t comp;
+    enum op_kind kind;
+    unsigned pending;     /* UCX requests outstanding (+1 while posting) */
+    void *reqs[2];        /* those requests (put + flush at most) */
+    ucs_status_t ustatus; /* the first error a request finished with */
+    tern_status_t fail;   /* a status decided by tern (overrides ustatus) */
+    bool in_done, canceled, has_seq;
+    int stage;    /* OP_PUT_IMM: 0 put + flush, 1 notify */
+    uint32_t seq; /* the AM's sequence number when has_seq */
+    uint32_t imm;
+    uint64_t len;
+    void *payload;            /* owned AM payload (BYE) */
+    uint8_t hdr[MSG_HDR_LEN]; /* the AM header: must outlive the send */
+    struct ucx_op *cache_next;
+} ucx_op_t;
+
+struct ucx_ep {
+    tern_ep_t base;
+    ucx_tp_t *tp;
+    ucp_ep_h uep;       /* NULL once closed (or being closed) */
+    void *close_req;    /* the close request while it runs */
+    struct ucx_op *bye; /* the BYE while teardown waits for it */
+    link_t link;        /* tp->eps, or tp->zombie_eps */
+    link_t lost_link;   /* tp->lost while the loss waits to be handled, then tp->linger */
+    link_t ops;         /* ucx_op_t in post order */
+    link_t rkeys;       /* ucx_rkey_t unpacked on it */
+    uint32_t conn;      /* names this endpoint's stream at the peer */
+    uint32_t tx_seq;    /* next AM sequence number */
+    bool peer_mode;     /* UCP_ERR_HANDLING_MODE_PEER: force close is allowed */
+    bool lost, destroying, zombie;
+    uint64_t linger_until; /* lost: its puts/gets may finish until then */
+    int nfd;               /* our notice channel to the peer's listener, or -1 */
+    ucp_rkey_h *zukeys;    /* a zombie's UCX keys, destroyed when its close is done */
+    size_t nzukeys;
+    watch_t nwatch;
+    ucs_status_t lost_status;
+};
+
+typedef struct ucx_mr {
+    tern_mr_t base;
+    ucp_mem_h memh; /* NULL for an empty region */
+    void *rkey_buf; /* ucp_rkey_pack's, NULL for an empty region */
+    size_t rkey_len;
+    uint32_t id;
+    ucx_tp_t *tp;
+} ucx_mr_t;
+
+typedef struct ucx_rkey {
+    tern_rkey_t base;
+    ucp_rkey_h ukey; /* NULL for an empty region */
+    unsigned access;
+    uint32_t reg_id;
+    link_t link; /* ep->rkeys */
+} ucx_rkey_t;
+
+typedef struct ucx_stream ucx_stream_t;
+
+/* One arrived message, waiting for its turn in its stream. */
+typedef struct ucx_entry {
+    link_t link; /* stream->entries (sorted by seq), or tp->orphan_entries */
+    ucx_stream_t *stream;
+    ucx_tp_t *tp;
+    uint8_t type;
+    uint16_t flags;
+    bool ready;   /* complete: can be delivered when its turn comes */
+    bool dropped; /* deliver nothing (canceled by the sender, failed) */
+    bool in_stream;
+    uint32_t seq, src, imm;
+    uint64_t len;
+    tern_status_t status; /* a TERN_EVENT_ERROR to raise in its place, or TERN_OK */
+    void *data;           /* the payload */
+    void *desc;           /* a UCX descriptor held (ucp_am_data_release) */
+    void *buf;            /* malloc'd: a rendezvous target or a copy */
+    void *req;            /* the rendezvous receive while it runs */
+} ucx_entry_t;
+
+/* A peer endpoint's notice channel to us, accepted on our listener. */
+typedef struct notice_conn {
+    watch_t watch;
+    link_t link; /* tp->notice_conns */
+    int fd;
+    uint32_t src, conn;
+    bool hello, bye;
+} notice_conn_t;
+
+/* The messages of one peer endpoint to us, delivered in its seq order. */
+struct ucx_stream {
+    ucx_stream_t *hnext;
+    link_t entries;
+    link_t dirty_link; /* tp->dirty when it may have something to deliver */
+    uint32_t src, conn, expected;
+    uint32_t *canceled; /* seqs the peer's BYE listed */
+    size_t ncanceled;
+    bool closed; /* ended (BYE delivered, or dead): later arrivals are stale */
+    bool dead;   /* its notice channel hung up without a BYE: nothing more will come */
+};
+
+struct ucx_tp {
+    tern_transport_t base;
+    ucp_context_h ctx;
+    ucp_worker_h worker;
+    int efd;  /* UCX's wakeup fd, or -1 when busy-polling */
+    int epfd; /* epoll over efd and the notice sockets: what tern_transport_fd gives */
+    int lfd;  /* the notice listener, or -1 */
+    watch_t ucx_watch, lwatch;
+    link_t notice_conns;
+    uint64_t notice_key, notice_next;
+    bool notice_due;  /* look at the notice sockets on the next progress */
+    bool peer_mode;   /* try UCP_ERR_HANDLING_MODE_PEER (cleared once it fails) */
+    bool in_progress; /* ucx_progress is running (a callback must not re-enter it) */
+    uint8_t *addr;
+    size_t addr_len;
+    link_t eps, zombie_eps, lost, linger, done, orphan_entries, dirty;
+    ucx_stream_t **buckets;
+    size_t nbuckets, nstreams;
+    ucx_op_t *op_cache;
+    unsigned nop_cache;
+    uint32_t conn_nonce, next_conn, next_reg_id;
+    uint64_t rndv_recvs;
+};
+
+static ucx_tp_t *to_ucx_tp(const tern_transport_t *tp)
+{
+    return (ucx_tp_t *)(void *)tp;
+}
+
+static ucx_ep_t *to_ucx_ep(tern_ep_t *ep)
+{
+    return (ucx_ep_t *)(void *)ep;
+}
+
+static ucx_mr_t *to_ucx_mr(const tern_mr_t *mr)
+{
+    return (ucx_mr_t *)(void *)mr;
+}
+
+static ucx_rkey_t *to_ucx_rkey(tern_rkey_t *rkey)
+{
+    return (ucx_rkey_t *)(void *)rkey;
+}
+
+/* Tests only: how many sends this transport received by rendezvous. */
+uint64_t tern__ucx_rndv_count(const tern_transport_t *tp);
+
+uint64_t tern__ucx_rndv_count(const tern_transport_t *tp)
+{
+    return to_ucx_tp(tp)->rndv_recvs;
+}
+
+/* ---- status ---- */
+
+/* The one conversion of UCX's status to tern's. */
+static tern_status_t status_of(ucs_status_t st)
+{
+    switch (st) {
+    case UCS_OK:
+        return TERN_OK;
+    case UCS_INPROGRESS:
+        return TERN_INPROGRESS;
+    case UCS_ERR_NO_MEMORY:
+        return TERN_ERR_NO_MEMORY;
+    case UCS_ERR_NO_RESOURCE:
+    case UCS_ERR_BUSY:
+        return TERN_ERR_NO_RESOURCE;
+    case UCS_ERR_INVALID_PARAM:
+    case UCS_ERR_INVALID_ADDR:
+    case UCS_ERR_ALREADY_EXISTS:
+        return TERN_ERR_INVALID_PARAM;
+    case UCS_ERR_NO_MESSAGE:
+    case UCS_ERR_NO_ELEM:
+        return TERN_ERR_NOT_FOUND;
+    case UCS_ERR_NOT_IMPLEMENTED:
+    case UCS_ERR_UNSUPPORTED:
+        return TERN_ERR_UNSUPPORTED;
+    case UCS_ERR_MESSAGE_TRUNCATED:
+    case UCS_ERR_BUFFER_TOO_SMALL:
+        return TERN_ERR_TRUNCATED;
+    case UCS_ERR_CANCELED:
+        return TERN_ERR_CANCELED;
+    case UCS_ERR_TIMED_OUT:
+        return TERN_ERR_TIMEOUT;
+    case UCS_ERR_OUT_OF_RANGE:
+    case UCS_ERR_EXCEEDS_LIMIT:
+        return TERN_ERR_OUT_OF_RANGE;
+    case UCS_ERR_UNREACHABLE:
+    case UCS_ERR_SOME_CONNECTS_FAILED:
+        return TERN_ERR_UNREACHABLE;
+    case UCS_ERR_REJECTED:
+        return TERN_ERR_CONN_REFUSED;
+    case UCS_ERR_NOT_CONNECTED:
+    case UCS_ERR_CONNECTION_RESET:
+        return TERN_ERR_PEER_LOST;
+    case UCS_ERR_NO_DEVICE:
+        return TERN_ERR_NO_DEVICE;
+    case UCS_ERR_IO_ERROR:
+    case UCS_ERR_SHMEM_SEGMENT:
+    case UCS_ERR_NO_PROGRESS:
+        return TERN_ERR_IO;
+    default:
+        if (UCS_IS_ENDPOINT_ERROR(st))
+            return TERN_ERR_PEER_LOST;
+        if (UCS_IS_LINK_ERROR(st))
+            return TERN_ERR_IO;
+        return TERN_ERR_INTERNAL;
+    }
+}
+
+/* ---- operations: allocation and completion ---- */
+
+static ucx_op_t *op_new(ucx_tp_t *tp, ucx_ep_t *ep, enum op_kind kind,
+                        const tern_op_params_t *params)
+{
+    ucx_op_t *op = tp->op_cache;
+
+    if (op != NULL) {
+        tp->op_cache = op->cache_next;
+        tp->nop_cache--;
+    } else if ((op = malloc(sizeof(*op))) == NULL) {
+        return NULL;
+    }
+    memset(op, 0, sizeof(*op));
+    op->tp = tp;
+    op->ep = ep;
+    op->kind = kind;
+    op->comp = tern__comp_of(params);
+    link_init(&op->link);
+    link_init(&op->dlink);
+    return op;
+}
+
+/* Unlink op from every list and recycle it. */
+static void op_free(ucx_op_t *op)
+{
+    ucx_tp_t *tp = op->tp;
+
+    link_del(&op->link);
+    link_del(&op->dlink);
+    free(op->payload);
+    op->payload = NULL;
+    if (tp->nop_cache < OP_CACHE_MAX) {
+        op->cache_next = tp->op_cache;
+        tp->op_cache = op;
+        tp->nop_cache++;
+    } else {
+        free(op);
+    }
+}
+
+/* All of an op's UCX requests have finished: queue it for progress. */
+static void op_settle(ucx_op_t *op)
+{
+    op->in_done = true;
+    link_add_tail(&op->tp->done, &op->dlink);
+}
+
+/* UCX's callback for every request an op posts (send, put, get, flush). Runs
+ * inside ucp_worker_progress (or a close): records only. */
+static void op_request_cb(void *request, ucs_status_t status, void *arg)
+{
+    ucx_op_t *op = arg;
+
+    ucp_request_free(request);
+    for (int i = 0; i < 2; i++)
+        if (op->reqs[i] == request)
+            op->reqs[i] = NULL;
+    if (status != UCS_OK && op->ustatus == UCS_OK)
+        op->ustatus = status;
+    if (--op->pending == 0)
+        op_settle(op);
+}
+
+static ucp_request_param_t op_param(ucx_op_t *op)
+{
+    ucp_request_param_t p = {
+        .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
+        .cb.send = op_request_cb,
+        .user_data = op,
+    };
+    return p;
+}
+
+/* The memory type of an operation's local buffer, from its registration. */
+static ucs_memory_type_t mem_type_of(const tern_op_params_t *params)
+{
+    if (params != NULL && (params->field_mask & TERN_OP_PARAM_MR) && params->mr != NULL &&
+        params->mr->mem_type == TERN_MEM_CUDA)
+        return UCS_MEMORY_TYPE_CUDA;
+    return UCS_MEMORY_TYPE_HOST;
+}
+
+/* Account for what a UCX nbx call returned: NULL (done at once), a request
+ * (one more pending) or an error (recorded). */
+static void op_track(ucx_op_t *op, ucs_status_ptr_t sp)
+{
+    if (sp == NULL)
+        return;
+    if (UCS_PTR_IS_ERR(sp)) {
+        if (op->ustatus == UCS_OK)
+            op->ustatus = UCS_PTR_STATUS(sp);
+        return;
+    }
+    op->reqs[op->reqs[0] == NULL ? 0 : 1] = sp;
+    op->pending++;
+}
+
+/* Give op up while UCX may still hold requests of it: release them (UCX
+ * completes them internally and calls nothing back) and free op. */
+static void op_detach(ucx_op_t *op)
+{
+    for (int i = 0; i < 2; i++)
+        if (op->reqs[i] != NULL)
+            ucp_request_free(op->reqs[i]);
+    op_free(op);
+}
+
+/* The status op finishes with. */
+static tern_status_t op_status(const ucx_op_t *op)
+{
+    if (op->canceled)
+        return TERN_ERR_CANCELED;
+    if (op->fail != TERN_OK)
+        return op->fail;
+    if (op->ustatus == UCS_OK)
+        return TERN_OK;
+    if (op->ep != NULL && op->ep->lost)
+        return TERN_ERR_PEER_LOST; /* whatever UCX called it (canceled by the purge, reset) */
+    return status_of(op->ustatus);
+}
+
+/* Fill the AM header of op: a message of type from this transport on op's
+ * endpoint. The sequence number is taken by am_post once UCX accepts it. */
+static void msg_hdr_fill(ucx_op_t *op, uint8_t type, uint16_t flags, uint32_t imm, uint64_t len)
+{
+    uint8_t *h = op->hdr;
+
+    memset(h, 0, sizeof(op->hdr));
+    h[0] = WIRE_VERSION;
+    h[1] = type;
+    put_u16(h + 2, flags);
+    put_u32(h + 4, op->tp->base.self_id);
+    put_u32(h + 8, op->ep->conn);
+    put_u32(h + 12, op->ep->tx_seq);
+    put_u32(h + 16, imm);
+    put_u64(h + 24, len);
+}
+
+/* Post op's AM (header already filled, payload buf[0..len)). A message UCX
+ * refuses at once takes no sequence number. Returns what UCX returned. */
+static ucs_status_ptr_t am_post(ucx_op_t *op, const void *buf, size_t len, uint32_t am_flags,
+                                ucs_memory_type_t mem_type)
+{
+    ucx_ep_t *ep = op->ep;
+    ucp_request_param_t p = op_param(op);
+    ucs_status_ptr_t sp;
+
+    put_u32(op->hdr + 12, ep->tx_seq);
+    p.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMORY_TYPE;
+    p.memory_type = mem_type;
+    if (am_flags != 0) {
+        p.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
+        p.flags = am_flags;
+    }
+    sp = ucp_am_send_nbx(ep->uep, AM_ID, op->hdr, MSG_HDR_LEN, buf, len, &p);
+    if (!UCS_PTR_IS_ERR(sp)) {
+        op->seq = ep->tx_seq++;
+        op->has_seq = true;
+    }
+    return sp;
+}
+
+/* Whether ops may be posted on ep now. */
+static tern_status_t ep_check(const ucx_ep_t *ep, const char *what)
+{
+    if (ep->destroying)
+        return tern__error(TERN_ERR_CANCELED, "%s: the endpoint to peer %u is being destroyed",
+                           what, ep->base.peer);
+    if (ep->lost || ep->uep == NULL)
+        return tern__error(TERN_ERR_PEER_LOST, "%s: peer %u is lost (%s)", what, ep->base.peer,
+                           ucs_status_string(ep->lost_status));
+    return TERN_OK;
+}
+
+/* op has no UCX request outstanding: start its next stage if it has one.
+ * Returns true when op is finished (its completion is due). */
+static bool op_advance(ucx_op_t *op)
+{
+    if (op->kind != OP_PUT_IMM || op->stage != 0 || op->canceled || op->fail != TERN_OK ||
+        op->ustatus != UCS_OK)
+        return true;
+    if (op->ep == NULL || op->ep->lost || op->ep->uep == NULL || op->ep->destroying) {
+        op->fail = TERN_ERR_PEER_LOST;
+        return true;
+    }
+    /* The data is in place (the flush finished): tell the target. */
+    op->stage = 1;
+    op->pending = 1;
+    msg_hdr_fill(op, MSG_PUT_IMM, 0, op->imm, op->len);
+    op_track(op, am_post(op, NULL, 0, 0, UCS_MEMORY_TYPE_HOST));
+    return --op->pending == 0;
+}
+
+/* The posting is over (op->pending held 1 during it): TERN_OK when op is
+ * already complete (no callback will run), else TERN_INPROGRESS. */
+static tern_status_t op_launched(ucx_op_t *op)
+{
+    link_add_tail(&op->ep->ops, &op->link);
+    if (--op->pending > 0)
+        return TERN_INPROGRESS;
+    if (!op_advance(op))
+        return TERN_INPROGRESS;
+    if (op_status(op) == TERN_OK) {
+        op_free(op);
+        return TERN_OK;
+    }
+    /* Part of it started, then it failed: the callback says so. */
+    op_settle(op);
+    return TERN_INPROGRESS;
+}
+
+/* Take ops off ep onto list, deciding the status each completes with:
+ * canceled ops TERN_ERR_CANCELED, ops UCX had finished their own status,
+ * the others st. With keep_rma, puts and gets UCX is still running stay on
+ * ep, to complete with st when UCX is done with their buffers. The ops taken
+ * no longer refer to ep. Returns whether any stayed. */
+static bool ops_take(ucx_ep_t *ep, link_t *list, tern_status_t st, bool keep_rma)
+{
+    bool kept = false;
+
+    for (link_t *l = ep->ops.next; l != &ep->ops;) {
+        ucx_op_t *op = link_entry(l, ucx_op_t, link);
+
+        l = l->next;
+        if (keep_rma && !op->in_done && op->pending > 0 &&
+            (op->kind == OP_PUT || op->kind == OP_PUT_IMM || op->kind == OP_GET)) {
+            op->fail = st;
+            kept = true;
+            continue;
+        }
+        if (op->canceled)
+            op->fail = TERN_ERR_CANCELED;
+        else if (op->in_done &&
+                 !(op->kind == OP_PUT_IMM && op->stage == 0 && op_status(op) == TERN_OK))
+            op->fail = op_status(op); /* finished in UCX before this */
+        else
+            op->fail = st;
+        op->ep = NULL;
+        link_del(&op->link);
+        link_add_tail(list, &op->link);
+    }
+    return kept;
+}
+
+/* Complete the ops ops_take gathered. Ops whose requests UCX still holds are
+ * detached. The callbacks run on a list no endpoint owns, so that they may
+ * destroy endpoints. */
+static void ops_complete(link_t *list)
+{
+    while (!link_empty(list)) {
+        ucx_op_t *op = link_entry(list->next, ucx_op_t, link);
+        tern__comp_t comp = op->comp;
+        tern_status_t s = op->fail;
+
+        if (op->pending > 0)
+            op_detach(op);
+        else
+            op_free(op);
+        tern__comp_call(&comp, s);
+    }
+}
+
+/* ---- control messages ---- */
+
+/* Send an internal AM (no user completion). Failure is only logged: these
+ * are courtesy notices to the peer. */
+static ucx_op_t *ctrl_post(ucx_ep_t *ep, uint8_t type, uint16_t flags, uint32_t imm, uint64_t len,
+                           void *payload, size_t plen, uint32_t am_flags)
+{
+    ucx_op_t *op = op_new(ep->tp, ep, OP_CTRL, NULL);
+    ucs_status_ptr_t sp;
+
+    if (op == NULL) {
+        free(payload);
+        tern_warn("ucx: no memory for a control message to peer %u", ep->base.peer);
+        return NULL;
+    }
+    op->payload = payload;
+    op->pending = 1;
+    msg_hdr_fill(op, type, flags, imm, len);
+    sp = am_post(op, payload, plen, am_flags, UCS_MEMORY_TYPE_HOST);
+    if (UCS_PTR_IS_ERR(sp)) {
+        tern_debug("ucx: control message %u to peer %u not sent: %s", type, ep->base.peer,
+                   ucs_status_string(UCS_PTR_STATUS(sp)));
+        op_free(op);
+        return NULL;
+    }
+    op_track(op, sp);
+    link_add_tail(&ep->ops, &op->link);
+    if (--op->pending == 0) {
+        op_free(op);
+        return NULL;
+    }
+    return op;
+}
+
+/* ---- receiving: streams ---- */
+
+static size_t stream_hash(const ucx_tp_t *tp, uint32_t src, uint32_t conn)
+{
+    uint64_t k = ((uint64_t)src << 32 | conn) * 0x9e3779b97f4a7c15ull;
+    return (size_t)(k >> 32) & (tp->nbuckets - 1);
+}
+
+static ucx_stream_t *stream_find(ucx_tp_t *tp, uint32_t src, uint32_t conn)
+{
+    for (ucx_stream_t *s = tp->buckets[stream_hash(tp, src, conn)]; s != NULL; s = s->hnext)
+        if (s->src == src && s->conn == conn)
+            return s;
+    return NULL;
+}
+
+static void stream_rehash(ucx_tp_t *tp)
+{
+    size_t n = tp->nbuckets * 2, old = tp->nbuckets;
+    ucx_stream_t **b = calloc(n, sizeof(*b)), **ob = tp->buckets;
+
+    if (b == NULL)
+        return; /* keep the longer chains */
+    tp->buckets = b;
+    tp->nbuckets = n;
+    for (size_t i = 0; i < old; i++) {
+        while (ob[i] != NULL) {
+            ucx_stream_t *s = ob[i];
+            size_t h = stream_hash(tp, s->src, s->conn);
+            ob[i] = s->hnext;
+            s->hnext = b[h];
+            b[h] = s;
+        }
+    }
+    free(ob);
+}
+
+static ucx_stream_t *stream_get(ucx_tp_t *tp, uint32_t src, uint32_t conn)
+{
+    ucx_stream_t *s = stream_find(tp, src, conn);
+    size_t h;
+
+    if (s != NULL)
+        return s;
+    if ((s = calloc(1, sizeof(*s))) == NULL)
+        return NULL;
+    s->src = src;
+    s->conn = conn;
+    link_init(&s->entries);
+    link_init(&s->dirty_link);
+    h = stream_hash(tp, src, conn);
+    s->hnext = tp->buckets[h];
+    tp->buckets[h] = s;
+    if (++tp->nstreams > 2 * tp->nbuckets)
+        stream_rehash(tp);
+    return s;
+}
+
+static void stream_dirty(ucx_tp_t *tp, ucx_stream_t *s)
+{
+    if (link_empty(&s->dirty_link))
+        link_add_tail(&tp->dirty, &s->dirty_link);
+}
+
+static bool stream_canceled(const ucx_stream_t *s, uint32_t seq)
+{
+    for (size_t i = 0; i < s->ncanceled; i++)
+        if (s->canceled[i] == seq)
+            return true;
+    return false;
+}
+
+static ucx_entry_t *stream_lookup(ucx_stream_t *s, uint32_t seq)
+{
+    for (link_t *l = s->entries.next; l != &s->entries; l = l->next) {
+        ucx_entry_t *e = link_entry(l, ucx_entry_t, link);
+        if (e->seq == seq)
+            return e;
+    }
+    return NULL;
+}
+
+/* Insert in seq order: arrivals are nearly always in order, so search from the tail. */
+static void stream_insert(ucx_stream_t *s, ucx_entry_t *e)
+{
+    link_t *l = s->entries.prev;
+
+    while (l != &s->entries && seq_before(e->seq, link_entry(l, ucx_entry_t, link)->seq))
+        l = l->prev;
+    link_add_before(l->next, &e->link);
+    e->stream = s;
+    e->in_stream = true;
+}
+
+/* Release what an entry holds. Not while a rendezvous receive still writes
+ * into it (see entry_release). */
+static void entry_free(ucx_tp_t *tp, ucx_entry_t *e)
+{
+    link_del(&e->link);
+    if (e->desc != NULL)
+        ucp_am_data_release(tp->worker, e->desc);
+    free(e->buf);
+    free(e);
+}
+
+/* An entry leaves its stream: free it, or keep it as an orphan until UCX
+ * finishes the rendezvous receive that writes into its buffer. */
+static void entry_release(ucx_tp_t *tp, ucx_entry_t *e)
+{
+    link_del(&e->link);
+    e->in_stream = false;
+    if (e->req != NULL) {
+        e->dropped = true;
+        link_add_tail(&tp->orphan_entries, &e->link);
+        return;
+    }
+    entry_free(tp, e);
+}
+
+/* The sender canceled e: deliver nothing for it, and if it is still being
+ * received, stop waiting for it. */
+static void entry_abandon(ucx_entry_t *e)
+{
+    e->dropped = true;
+    e->ready = true;
+}
+
+static void stream_free(ucx_tp_t *tp, ucx_stream_t *s)
+{
+    ucx_stream_t **pp = &tp->buckets[stream_hash(tp, s->src, s->conn)];
+
+    while (!link_empty(&s->entries))
+        entry_release(tp, link_entry(s->entries.next, ucx_entry_t, link));
+    link_del(&s->dirty_link);
+    while (*pp != s)
+        pp = &(*pp)->hnext;
+    *pp = s->hnext;
+    tp->nstreams--;
+    free(s->canceled);
+    free(s);
+}
+
+/* A rendezvous receive finished (inside UCX progress or teardown). */
+static void rndv_done_cb(void *request, ucs_status_t status, size_t length, void *arg)
+{
+    ucx_entry_t *e = arg;
+    ucx_tp_t *tp = e->tp;
+
+    ucp_request_free(request);
+    e->req = NULL;
+    if (!e->in_stream) { /* given up on: only the buffer was waiting for UCX */
+        entry_free(tp, e);
+        return;
+    }
+    if (e->ready) /* abandoned (the sender canceled it) but still in its stream */
+        return;
+    e->ready = true;
+    if (status != UCS_OK || length != e->len) {
+        tern_debug("ucx: rendezvous receive of %llu bytes from peer %u failed: %s",
+                   (unsigned long long)e->len, e->src, ucs_status_string(status));
+        e->dropped = true;
+    }
+    stream_dirty(tp, e->stream);
+}
+
+/* Start receiving a rendezvous message into a buffer of our own. Returns the
+ * status the AM callback returns to UCX. */
+static ucs_status_t rndv_start(ucx_tp_t *tp, ucx_entry_t *e, void *desc)
+{
+    ucp_request_param_t p = {
+        .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
+        .cb.recv_am = rndv_done_cb,
+        .user_data = e,
+    };
+    ucs_status_ptr_t sp;
+
+    if (e->len > MAX_SEND) {
+        tern_warn("ucx: peer %u sent %llu bytes, over the %zu-byte send limit: refused", e->src,
+                  (unsigned long long)e->len, MAX_SEND);
+        e->status = TERN_ERR_PROTOCOL;
+        e->ready = true;
+        return UCS_ERR_MESSAGE_TRUNCATED; /* the sender's send fails with it */
+    }
+    if ((e->buf = malloc(e->len ? e->len : 1)) == NULL) {
+        tern_warn("ucx: no memory for a %llu-byte message from peer %u", (unsigned long long)e->len,
+                  e->src);
+        e->status = TERN_ERR_NO_MEMORY;
+        e->ready = true;
+        return UCS_ERR_NO_MEMORY;
+    }
+    e->data = e->buf;
+    tp->rndv_recvs++;
+    sp = ucp_am_recv_data_nbx(tp->worker, desc, e->buf, e->len, &p);
+    if (sp == NULL) {
+        e->ready = true;
+    } else if (UCS_PTR_IS_ERR(sp)) {
+        tern_debug("ucx: rendezvous receive from peer %u not started: %s", e->src,
+                   ucs_status_string(UCS_PTR_STATUS(sp)));
+        e->ready = true;
+        e->dropped = true;
+    } else {
+        e->req = sp;
+    }
+    return UCS_OK; /* UCX owns the descriptor now */
+}
+
+/* Apply a BYE's list of canceled seqs to its stream. */
+static void bye_apply(ucx_stream_t *s, const uint8_t *list, size_t n)
+{
+    uint32_t *c;
+
+    if (n == 0)
+        return;
+    if ((c = realloc(s->canceled, (s->ncanceled + n) * sizeof(*c))) == NULL) {
+        tern_warn("ucx: no memory for peer %u's list of canceled messages", s->src);
+        return;
+    }
+    s->canceled = c;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t seq = get_u32(list + 4 * i);
+        ucx_entry_t *e = stream_lookup(s, seq);
+        if (e != NULL)
+            entry_abandon(e);
+        s->canceled[s->ncanceled++] = seq;
+    }
+}
+
+/* UCX's AM callback: every tern message arrives here, inside
+ * ucp_worker_progress. It files the message into its stream; ucx_progress
+ * delivers it. */
+static ucs_status_t am_cb(void *arg, const void *header, size_t header_length, void *data,
+                          size_t length, const ucp_am_recv_param_t *param)
+{
+    ucx_tp_t *tp = arg;
+    const uint8_t *h = header;
+    const bool rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
+    const bool held = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_DATA) != 0;
+    ucs_status_t ret = UCS_OK;
+    ucx_stream_t *s;
+    ucx_entry_t *e;
+
+    if (header_length != MSG_HDR_LEN || h[0] != WIRE_VERSION) {
+        tern_warn("ucx: dropped a message with a malformed header (%zu bytes, version %u)",
+                  header_length, header_length > 0 ? h[0] : 0);
+        return UCS_OK;
+    }
+    const uint32_t src = get_u32(h + 4), conn = get_u32(h + 8), seq = get_u32(h + 12);
+    if ((s = stream_get(tp, src, conn)) == NULL) {
+        tern_warn("ucx: no memory for a stream from peer %u: message dropped", src);
+        return UCS_OK;
+    }
+    if (s->closed || seq_before(seq, s->expected) ||
+        (!link_empty(&s->entries) &&
+         !seq_before(link_entry(s->entries.prev, ucx_entry_t, link)->seq, seq) &&
+         stream_lookup(s, seq) != NULL)) {
+        tern_debug("ucx: stale message %u from peer %u dropped", seq, src);
+        return UCS_OK;
+    }
+    if ((e = calloc(1, sizeof(*e))) == NULL) {
+        /* Cannot even keep its place in the stream: later ones wait for the
+         * sender's teardown. Should not happen short of exhaustion. */
+        tern_warn("ucx: no memory for a message from peer %u: dropped", src);
+        return UCS_OK;
+    }
+    link_init(&e->link);
+    e->tp = tp;
+    e->type = h[1];
+    e->flags = get_u16(h + 2);
+    e->src = src;
+    e->seq = seq;
+    e->imm = get_u32(h + 16);
+    e->len = get_u64(h + 24);
+    stream_insert(s, e);
+
+    if (stream_canceled(s, seq)) {
+        entry_abandon(e); /* a rendezvous descriptor not taken: UCX drops it */
+    } else if (rndv && e->type != MSG_SEND) {
+        tern_warn("ucx: control message %u from peer %u came by rendezvous: dropped", e->type, src);
+        entry_abandon(e);
+    } else {
+        switch (e->type) {
+        case MSG_SEND:
+            e->len = length;
+            if (rndv) {
+                ret = rndv_start(tp, e, data);
+            } else if (held) {
+                e->desc = data; /* kept until delivered (ucp_am_data_release) */
+                e->data = data;
+                e->ready = true;
+                ret = UCS_INPROGRESS;
+            } else {
+                if ((e->buf = malloc(length ? length : 1)) == NULL) {
+                    tern_warn("ucx: no memory for a %zu-byte message from peer %u", length, src);
+                    e->status = TERN_ERR_NO_MEMORY;
+                } else if (length > 0) {
+                    memcpy(e->buf, data, length);
+                }
+                e->data = e->buf;
+                e->ready = true;
+            }
+            break;
+        case MSG_PUT_IMM:
+        case MSG_ACCESS:
+            e->ready = true;
+            break;
+        case MSG_BYE:
+            bye_apply(s, data, length / 4);
+            e->ready = true;
+            break;
+        default:
+            tern_warn("ucx: dropped a message of unknown type %u from peer %u", e->type, src);
+            entry_abandon(e);
+            break;
+        }
+    }
+    stream_dirty(tp, s);
+    return ret;
+}
+
+/* ---- peer loss ---- */
+
+static void ep_notice_close(ucx_ep_t *ep);
+
+/* Record that ep's peer is gone; ucx_progress handles it (closes the UCP
+ * endpoint, fails its ops, raises the event) outside UCX's callbacks. */
+static void ep_mark_lost(ucx_ep_t *ep, ucs_status_t why)
+{
+    if (ep->lost || ep->destroying)
+        return;
+    ep->lost = true;
+    ep->lost_status = why;
+    link_add_tail(&ep->tp->lost, &ep->lost_link);
+}
+
+/* UCX's error callback (UCP_ERR_HANDLING_MODE_PEER): the peer failed. */
+static void ep_err_cb(void *arg, ucp_ep_h uep, ucs_status_t status)
+{
+    ucx_ep_t *ep = arg;
+
+    (void)uep;
+    tern_debug("ucx: endpoint to peer %u failed: %s", ep->base.peer, ucs_status_string(status));
+    ep_mark_lost(ep, status);
+}
+
+static void event_peer_lost(ucx_tp_t *tp, uint32_t peer)
+{
+    tern_event_t ev = {.type = TERN_EVENT_ERROR, .src = peer, .status = TERN_ERR_PEER_LOST};
+    tern__tp_event(&tp->base, &ev);
+}
+
+/* Start closing ep's UCP endpoint: force (purging its requests) where
+ * allowed, else flush. */
+static void ep_close_uep(ucx_ep_t *ep)
+{
+    ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+                             .flags = ep->peer_mode ? UCP_EP_CLOSE_FLAG_FORCE : 0};
+    ucs_status_ptr_t sp;
+
+    if (ep->uep == NULL)
+        return;
+    sp = ucp_ep_close_nbx(ep->uep, &p);
+    ep->uep = NULL;
+    if (UCS_PTR_IS_PTR(sp))
+        ep->close_req = sp;
+    else if (UCS_PTR_IS_ERR(sp))
+        tern_debug("ucx: closing the endpoint to peer %u: %s", ep->base.peer,
+                   ucs_status_string(UCS_PTR_STATUS(sp)));
+}
+
+/* The close request finished (or there is none). */
+static bool ep_closed(ucx_ep_t *ep)
+{
+    if (ep->close_req == NULL)
+        return true;
+    if (ucp_request_check_status(ep->close_req) == UCS_INPROGRESS)
+        return false;
+    ucp_request_free(ep->close_req);
+    ep->close_req = NULL;
+    return true;
+}
+
+/* Handle a lost peer (from progress): its ops fail with TERN_ERR_PEER_LOST,
+ * and the user hears TERN_EVENT_ERROR. With peer error handling the UCP
+ * endpoint is force-closed first, so that UCX has let go of the buffers.
+ * Without it (shared memory) the UCP endpoint stays until the user destroys
+ * ours: sends can complete at once (only the gone peer would read their
+ * buffers), but puts and gets run on our side (cma) and may still be writing
+ * or reading: they complete when UCX is done with them, or after
+ * CLOSE_WAIT_NS at the latest (ep_linger_check). */
+static void ep_handle_lost(ucx_tp_t *tp, ucx_ep_t *ep)
+{
+    link_t ops;
+    const uint32_t peer = ep->base.peer;
+
+    link_del(&ep->lost_link);
+    tern_debug("ucx: peer %u lost (%s)", peer, ucs_status_string(ep->lost_status));
+    ep_notice_close(ep);
+    if (ep->peer_mode)
+        ep_close_uep(ep);
+    link_init(&ops);
+    if (ops_take(ep, &ops, TERN_ERR_PEER_LOST, !ep->peer_mode)) {
+        ep->linger_until = tern_clock_ns() + CLOSE_WAIT_NS;
+        link_add_tail(&tp->linger, &ep->lost_link);
+    }
+    /* From here the callbacks may destroy ep. */
+    ops_complete(&ops);
+    event_peer_lost(tp, peer);
+}
+
+/* A lost endpoint's puts and gets that UCX has still not finished after
+ * CLOSE_WAIT_NS complete anyway. Returns whether it completed any. */
+static bool ep_linger_check(ucx_ep_t *ep, uint64_t now)
+{
+    link_t ops;
+
+    if (link_empty(&ep->ops)) {
+        link_del(&ep->lost_link); /* all finished */
+        return false;
+    }
+    if (now < ep->linger_until)
+        return false;
+    link_del(&ep->lost_link);
+    tern_warn("ucx: puts/gets to lost peer %u still unfinished after %llu ms: completed as "
+              "TERN_ERR_PEER_LOST, UCX may still touch their buffers",
+              ep->base.peer, (unsigned long long)(CLOSE_WAIT_NS / 1000000));
+    link_init(&ops);
+    ops_take(ep, &ops, TERN_ERR_PEER_LOST, false);
+    ops_complete(&ops); /* may destroy ep */
+    return true;
+}
+
+/* A peer's BYE was delivered: it destroyed its endpoint to us. */
+static void peer_left(ucx_tp_t *tp, uint32_t src)
+{
+    bool found = false;
+
+    for (link_t *l = tp->eps.next; l != &tp->eps; l = l->next) {
+        ucx_ep_t *ep = link_entry(l, ucx_ep_t, link);
+        if (ep->base.peer == src && !ep->destroying) {
+            found = true;
+            if (!ep->lost)
+                ep_mark_lost(ep, UCS_ERR_CONNECTION_RESET);
+        }
+    }
+    if (!found)
+        event_peer_lost(tp, src); /* we only received from it: still worth knowing */
+}
+
+/* ---- delivery (from progress only) ---- */
+
+/* The peer endpoint behind s is gone (its BYE was delivered, or its notice
+ * channel died): nothing more is delivered from it, and our endpoints to that
+ * peer are lost. */
+static void stream_end(ucx_tp_t *tp, ucx_stream_t *s)
+{
+    if (s->closed)
+        return;
+    s->closed = true;
+    peer_left(tp, s->src);
+}
+
+static void entry_deliver(ucx_tp_t *tp, ucx_entry_t *e)
+{
+    tern_event_t ev = {.src = e->src, .imm = e->imm};
+
+    if (e->status != TERN_OK) {
+        ev.type = TERN_EVENT_ERROR;
+        ev.status = e->status;
+        tern__tp_event(&tp->base, &ev);
+        return;
+    }
+    switch (e->type) {
+    case MSG_SEND:
+        ev.type = TERN_EVENT_RECV;
+        ev.data = e->data;
+        ev.len = (size_t)e->len;
+        break;
+    case MSG_PUT_IMM:
+        ev.type = TERN_EVENT_PUT_IMM;
+        ev.len = (size_t)e->len;
+        break;
+    case MSG_ACCESS:
+        ev.type = TERN_EVENT_ERROR;
+        ev.status = TERN_ERR_ACCESS;
+        ev.imm = (e->flags & MSGF_IMM) ? e->imm : 0;
+        ev.len = (size_t)e->len;
+        tern_debug("ucx: peer %u's %s of %llu bytes on a region here was refused", e->src,
+                   (e->flags & MSGF_GET) ? "get" : "put", (unsigned long long)e->len);
+        break;
+    case MSG_BYE:
+        stream_end(tp, e->stream);
+        return;
+    default:
+        return;
+    }
+    tern__tp_event(&tp->base, &ev);
+}
+
+/* Deliver what is in order in s (all that arrived whole, in order, once the
+ * stream is dead). Returns the number of entries consumed. */
+static int stream_deliver(ucx_tp_t *tp, ucx_stream_t *s)
+{
+    int n = 0;
+
+    while (!s->closed) {
+        ucx_entry_t *e =
+            link_empty(&s->entries) ? NULL : link_entry(s->entries.next, ucx_entry_t, link);
+        if (s->dead) {
+            if (e == NULL) {
+                stream_end(tp, s);
+                break;
+            }
+            s->expected = e->seq; /* gaps will not be filled */
+            if (!e->ready)
+                entry_abandon(e);
+        }
+        if ((e == NULL || e->seq != s->expected) && stream_canceled(s, s->expected)) {
+            s->expected++; /* canceled by the sender and not arrived: skip it */
+            continue;
+        }
+        if (e == NULL || e->seq != s->expected || !e->ready)
+            break;
+        s->expected++;
+        n++;
+        link_del(&e->link);
+        e->in_stream = false;
+        if (e->req != NULL) { /* abandoned while UCX still writes into it */
+            link_add_tail(&tp->orphan_entries, &e->link);
+            continue;
+        }
+        if (!e->dropped)
+            entry_deliver(tp, e); /* user callbacks: may destroy endpoints */
+        entry_free(tp, e);
+    }
+    return n;
+}
+
+/* ---- the notice channel ----
+ *
+ * Shared-memory transports in UCX 1.13 cannot detect a peer's failure, and an
+ * AM sent to a peer that is not progressing can wait behind a full FIFO until
+ * the sender's worker is gone. So endpoints without UCX peer error handling
+ * (only ever to peers on this host) also connect to the peer's notice
+ * listener, an abstract unix SOCK_SEQPACKET socket named in its address: the
+ * BYE goes there (it cannot be held up), and a channel that hangs up without
+ * a BYE means the peer's process or transport is gone.
+ */
+
+static socklen_t notice_name(struct sockaddr_un *sa, uint32_t pid, uint64_t key)
+{
+    int n;
+
+    memset(sa, 0, sizeof(*sa));
+    sa->sun_family = AF_UNIX;
+    n = snprintf(sa->sun_path + 1, sizeof(sa->sun_path) - 1, "tern-ucx-%u-%016llx", pid,
+                 (unsigned long long)key);
+    return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n);
+}
+
+static int watch_add(ucx_tp_t *tp, int fd, watch_t *w)
+{
+    struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP, .data.ptr = w};
+    return epoll_ctl(tp->epfd, EPOLL_CTL_ADD, fd, &ev);
+}
+
+static void watch_close(ucx_tp_t *tp, int fd)
+{
+    epoll_ctl(tp->epfd, EPOLL_CTL_DEL, fd, NULL);
+    close(fd);
+}
+
+/* Open the listener peers' NONE-mode endpoints connect to. Without it (no
+ * AF_UNIX, a name clash) those peers only get the BYE by AM. */
+static void notice_listen(ucx_tp_t *tp)
+{
+    struct sockaddr_un sa;
+    socklen_t len = notice_name(&sa, (uint32_t)getpid(), tp->notice_key);
+    int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+
+    tp->lwatch.kind = WATCH_LISTENER;
+    if (fd < 0 || bind(fd, (struct sockaddr *)&sa, len) != 0 || listen(fd, 128) != 0 ||
+        watch_add(tp, fd, &tp->lwatch) != 0) {
+        tern_debug("ucx: no notice listener (%s): shared-memory peers learn of our close by AM "
+                   "only",
+                   strerror(errno));
+        if (fd >= 0)
+            close(fd);
+        return;
+    }
+    tp->lfd = fd;
+}
+
+static void notice_fill(uint8_t *d, uint8_t type, uint32_t src, uint32_t conn, uint32_t seq,
+                        uint32_t n)
+{
+    d[0] = type;
+    d[1] = WIRE_VERSION;
+    put_u16(d + 2, 0);
+    put_u32(d + 4, src);
+    put_u32(d + 8, conn);
+    put_u32(d + 12, seq);
+    put_u32(d + 16, n);
+}
+
+/* Connect ep's notice channel to the peer's listener and say which endpoint it is. */
+static void ep_notice_connect(ucx_ep_t *ep, uint32_t pid, uint64_t key)
+{
+    ucx_tp_t *tp = ep->tp;
+    struct sockaddr_un sa;
+    socklen_t len = notice_name(&sa, pid, key);
+    uint8_t hello[NOTICE_HDR_LEN];
+    int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+
+    notice_fill(hello, NOTICE_HELLO, tp->base.self_id, ep->conn, 0, 0);
+    ep->nwatch.kind = WATCH_EP;
+    if (fd < 0 || connect(fd, (struct sockaddr *)&sa, len) != 0 ||
+        send(fd, hello, sizeof(hello), MSG_NOSIGNAL | MSG_DONTWAIT) != (ssize_t)sizeof(hello) ||
+        watch_add(tp, fd, &ep->nwatch) != 0) {
+        tern_debug("ucx: no notice channel to peer %u (%s): its failure goes undetected",
+                   ep->base.peer, strerror(errno));
+        if (fd >= 0)
+            close(fd);
+        return;
+    }
+    ep->nfd = fd;
+}
+
+/* Send ep's BYE on its notice channel: the next seq, and (up to
+ * NOTICE_MAX_LIST of) the seqs it cancels. */
+static void ep_notice_bye(ucx_ep_t *ep, const uint32_t *list, size_t n)
+{
+    uint8_t *d;
+    size_t len;
+
+    if (n > NOTICE_MAX_LIST)
+        n = NOTICE_MAX_LIST; /* the peer may then deliver some canceled sends */
+    len = NOTICE_HDR_LEN + 4 * n;
+    if ((d = malloc(len)) == NULL) {
+        n = 0;
+        len = NOTICE_HDR_LEN;
+        if ((d = malloc(len)) == NULL)
+            return; /* the hang-up still tells the peer */
+    }
+    notice_fill(d, NOTICE_BYE, ep->tp->base.self_id, ep->conn, ep->tx_seq, (uint32_t)n);
+    for (size_t i = 0; i < n; i++)
+        put_u32(d + NOTICE_HDR_LEN + 4 * i, list[i]);
+    if (send(ep->nfd, d, len, MSG_NOSIGNAL | MSG_DONTWAIT) != (ssize_t)len)
+        tern_debug("ucx: BYE to peer %u not sent on its notice channel: %s", ep->base.peer,
+                   strerror(errno));
+    free(d);
+}
+
+static void ep_notice_close(ucx_ep_t *ep)
+{
+    if (ep->nfd >= 0)
+        watch_close(ep->tp, ep->nfd);
+    ep->nfd = -1;
+}
+
+/* A BYE that came by the notice channel: file it in its stream like the AM. */
+static void notice_bye(ucx_tp_t *tp, uint32_t src, uint32_t conn, uint32_t seq, const uint8_t *list,
+                       size_t n)
+{
+    ucx_stream_t *s = stream_get(tp, src, conn);
+    ucx_entry_t *e;
+
+    if (s == NULL || s->closed || seq_before(seq, s->expected) || stream_lookup(s, seq) != NULL)
+        return;
+    if ((e = calloc(1, sizeof(*e))) == NULL) {
+        s->dead = true; /* cannot keep the BYE's place: end the stream with what it has */
+        stream_dirty(tp, s);
+        return;
+    }
+    link_init(&e->link);
+    e->tp = tp;
+    e->type = MSG_BYE;
+    e->src = src;
+    e->seq = seq;
+    e->ready = true;
+    stream_insert(s, e);
+    bye_apply(s, list, n);
+    stream_dirty(tp, s);
+}
+
+/* Read what a peer endpoint's channel carries; on hang-up close it, and if
+ * no BYE came, the peer died: its stream is dead. Returns what it handled. */
+static int notice_conn_read(ucx_tp_t *tp, notice_conn_t *c)
+{
+    uint8_t d[NOTICE_HDR_LEN + 4 * NOTICE_MAX_LIST];
+    int n = 0;
+
+    for (;;) {
+        ssize_t r = recv(c->fd, d, sizeof(d), MSG_DONTWAIT);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            return n;
+        if (r <= 0)
+            break; /* hung up */
+        n++;
+        if ((size_t)r < NOTICE_HDR_LEN || d[1] != WIRE_VERSION ||
+            (size_t)r != NOTICE_HDR_LEN + 4 * (size_t)get_u32(d + 16)) {
+            tern_warn("ucx: malformed notice (%zd bytes) dropped", r);
+            continue;
+        }
+        if (d[0] == NOTICE_HELLO && !c->hello) {
+            c->hello = true;
+            c->src = get_u32(d + 4);
+            c->conn = get_u32(d + 8);
+        } else if (d[0] == NOTICE_BYE && c->hello && get_u32(d + 4) == c->src &&
+                   get_u32(d + 8) == c->conn) {
+            c->bye = true;
+            notice_bye(tp, c->src, c->conn, get_u32(d + 12), d + NOTICE_HDR_LEN, get_u32(d + 16));
+        } else {
+            tern_warn("ucx: unexpected notice %u dropped", d[0]);
+        }
+    }
+    if (c->hello && !c->bye) {
+        ucx_stream_t *s = stream_get(tp, c->src, c->conn);
+        tern_debug("ucx: peer %u's endpoint hung up without a BYE: it is gone", c->src);
+        if (s != NULL) {
+            s->dead = true;
+            stream_dirty(tp, s);
+        }
+    }
+    link_del(&c->link);
+    watch_close(tp, c->fd);
+    free(c);
+    return n + 1;
+}
+
+static int notice_accept(ucx_tp_t *tp)
+{
+    int n = 0;
+
+    for (;;) {
+        int fd = accept4(tp->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        notice_conn_t *c;
+        if (fd < 0) {
+            if (errno == EINTR || errno == ECONNABORTED)
+                continue;
+            if (errno != EAGAIN && errno != EWOULDBLOCK)
+                tern_warn("ucx: accept on the notice listener: %s", strerror(errno));
+            return n;
+        }
+        /* Abstract sockets have no permissions: only our own user may say a peer left. */
+        struct ucred cred;
+        socklen_t clen = sizeof(cred);
+        if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &clen) != 0 || cred.uid != getuid()) {
+            tern_warn("ucx: notice connection from another user refused");
+            close(fd);
+            continue;
+        }
+        if ((c = calloc(1, sizeof(*c))) == NULL) {
+            close(fd);
+            continue;
+        }
+        c->watch.kind = WATCH_CONN;
+        c->fd = fd;
+        if (watch_add(tp, fd, &c->watch) != 0) {
+            close(fd);
+            free(c);
+            continue;
+        }
+        link_add_tail(&tp->notice_conns, &c->link);
+        n++;
+    }
+}
+
+/* Look at the notice sockets. Runs no user callback: what it finds is
+ * delivered by drain(). */
+static int notice_poll(ucx_tp_t *tp)
+{
+    struct epoll_event evs[32];
+    int n, handled = 0;
+
+    tp->notice_due = false;
+    tp->notice_next = tern_clock_ns() + NOTICE_POLL_NS;
+    n = epoll_wait(tp->epfd, evs, 32, 0);
+    for (int i = 0; i < n; i++) {
+        watch_t *w = evs[i].data.ptr;
+        switch (w->kind) {
+        case WATCH_UCX:
+            break; /* ucp_worker_progress is called anyway */
+        case WATCH_LISTENER:
+            handled += notice_accept(tp);
+            break;
+        case WATCH_CONN:
+            handled += notice_conn_read(tp, link_entry(w, notice_conn_t, watch));
+            break;
+        case WATCH_EP: {
+            /* The listener end never writes: any event is the peer going away. */
+            ucx_ep_t *ep = link_entry(w, ucx_ep_t, nwatch);
+            tern_debug("ucx: the notice channel to peer %u hung up", ep->base.peer);
+            ep_notice_close(ep);
+            ep_mark_lost(ep, UCS_ERR_CONNECTION_RESET);
+            handled++;
+            break;
+        }
+        }
+    }
+    if (n == (int)(sizeof(evs) / sizeof(evs[0])))
+        tp->notice_due = true;
+    return handled;
+}
+
+/* ---- progress ---- */
+
+/* Free what was kept of an endpoint whose UCP close has finished. */
+static void zombie_free(ucx_ep_t *ep)
+{
+    link_del(&ep->link);
+    for (size_t i = 0; i < ep->nzukeys; i++)
+        ucp_rkey_destroy(ep->zukeys[i]);
+    free(ep->zukeys);
+    free(ep);
+}
+
+/* Deliver what the UCX callbacks recorded: lost peers, finished operations,
+ * arrived messages. Returns how much it handled. */
+static int drain(ucx_tp_t *tp)
+{
+    int n = 0;
+
+    for (link_t *l = tp->zombie_eps.next; l != &tp->zombie_eps;) {
+        ucx_ep_t *ep = link_entry(l, ucx_ep_t, link);
+        l = l->next;
+        if (ep_closed(ep))
+            zombie_free(ep);
+    }
+    while (!link_empty(&tp->lost)) {
+        ep_handle_lost(tp, link_entry(tp->lost.next, ucx_ep_t, lost_link));
+        n++;
+    }
+    if (!link_empty(&tp->linger)) {
+        const uint64_t now = tern_clock_ns();
+        for (link_t *l = tp->linger.next; l != &tp->linger;) {
+            ucx_ep_t *ep = link_entry(l, ucx_ep_t, lost_link);
+            l = l->next;
+            if (ep_linger_check(ep, now)) {
+                n++;
+                break; /* callbacks ran: the list may have changed; the rest next time */
+            }
+        }
+    }
+    while (!link_empty(&tp->done)) {
+        ucx_op_t *op = link_entry(tp->done.next, ucx_op_t, dlink);
+        tern__comp_t comp;
+        tern_status_t st;
+
+        link_del(&op->dlink);
+        op->in_done = false;
+        n++;
+        if (!op_advance(op))
+            continue; /* its next stage is posted */
+        st = op_status(op);
+        comp = op->comp;
+        op_free(op);
+        tern__comp_call(&comp, st);
+    }
+    while (!link_empty(&tp->dirty)) {
+        ucx_stream_t *s = link_entry(tp->dirty.next, ucx_stream_t, dirty_link);
+        link_del(&s->dirty_link);
+        n += stream_deliver(tp, s);
+    }
+    return n;
+}
+
+static int ucx_progress(tern_transport_t *btp)
+{
+    ucx_tp_t *tp = to_ucx_tp(btp);
+    int total = 0;
+
+    if (tp->in_progress)
+        return 0; /* called from a callback: the contract forbids it; do no harm */
+    tp->in_progress = true;
+    if (tp->notice_due || tern_clock_ns() >= tp->notice_next)
+        total += notice_poll(tp);
+    for (int round = 0; round < PROGRESS_ROUNDS; round++) {
+        int n = (int)ucp_worker_progress(tp->worker);
+        n += drain(tp);
+        total += n;
+        if (n == 0)
+            break;
+    }
+    tp->in_progress = false;
+    return total;
+}
+
+static int ucx_fd(const tern_transport_t *btp)
+{
+    const ucx_tp_t *tp = to_ucx_tp(btp);
+    return tp->efd >= 0 ? tp->epfd : -1;
+}
+
+static bool has_pending_work(const ucx_tp_t *tp)
+{
+    return !link_empty(&tp->lost) || !link_empty(&tp->done) || !link_empty(&tp->dirty);
+}
+
+static tern_status_t ucx_arm(tern_transport_t *btp)
+{
+    ucx_tp_t *tp = to_ucx_tp(btp);
+    ucs_status_t st;
+
+    if (tp->efd < 0)
+        return tern__error(TERN_ERR_UNSUPPORTED, "ucx: busy-poll mode has no fd to arm");
+    if (has_pending_work(tp))
+        return TERN_ERR_NO_RESOURCE;
+    st = ucp_worker_arm(tp->worker);
+    if (st == UCS_ERR_BUSY)
+        return TERN_ERR_NO_RESOURCE;
+    if (st != UCS_OK)
+        return tern__error(status_of(st), "ucp_worker_arm: %s", ucs_status_string(st));
+    tp->notice_due = true; /* after the sleep, look at the notice sockets first */
+    {
+        struct epoll_event ev;
+        if (epoll_wait(tp->epfd, &ev, 1, 0) > 0)
+            return TERN_ERR_NO_RESOURCE; /* a notice socket (or UCX) has something already */
+    }
+    return TERN_OK;
+}
+
+/* ---- teardown of endpoints ---- */
+
+/* UCX's complaints where tern expects them go to tern's debug log instead of
+ * stderr: while ep_create probes for peer failure support (an ERROR line per
+ * attempt where transports lack it), while endpoints are torn down (a BYE to
+ * a peer already gone: "connection refused"), and while a worker with
+ * requests tern gave up on is destroyed. UCX's handler stack is process-wide;
+ * tern pushes and pops around calls on the thread that owns the transport. */
+static ucs_log_func_rc_t quiet_log(const char *file, unsigned line, const char *function,
+                                   ucs_log_level_t level,
+                                   const ucs_log_component_config_t *comp_conf, const char *message,
+                                   va_list ap)
+{
+    char text[256];
+
+    (void)file;
+    (void)line;
+    (void)function;
+    (void)comp_conf;
+    if (level > UCS_LOG_LEVEL_WARN)
+        return UCS_LOG_FUNC_RC_CONTINUE; /* UCX's own handler filters by its level */
+    vsnprintf(text, sizeof(text), message, ap);
+    tern_debug("ucx: UCX says: %s", text);
+    return UCS_LOG_FUNC_RC_STOP;
+}
+
+/* UCX's remote keys live in the worker and are unpacked for one UCP
+ * endpoint: destroy them with it. The tern keys stay until the user releases
+ * them (that needs no live endpoint), now without a UCX key. */
+static void rkeys_detach(ucx_ep_t *ep)
+{
+    while (!link_empty(&ep->rkeys)) {
+        ucx_rkey_t *rk = link_entry(ep->rkeys.next, ucx_rkey_t, link);
+        link_del(&rk->link);
+        if (rk->ukey == NULL)
+            continue;
+        if (ep->zombie) {
+            /* Requests still running may use it: destroyed with the zombie. */
+            ucp_rkey_h *z = realloc(ep->zukeys, (ep->nzukeys + 1) * sizeof(*z));
+            if (z != NULL) {
+                ep->zukeys = z;
+                ep->zukeys[ep->nzukeys++] = rk->ukey;
+                rk->ukey = NULL;
+                continue;
+            }
+        }
+        ucp_rkey_destroy(rk->ukey);
+        rk->ukey = NULL;
+    }
+}
+
+static bool ep_ops_settled(const ucx_ep_t *ep)
+{
+    for (const link_t *l = ep->ops.next; l != &ep->ops; l = l->next)
+        if (link_entry(l, const ucx_op_t, link)->pending > 0)
+            return false;
+    return true;
+}
+
+/*
+ * Destroy n endpoints together (one for tern_ep_destroy, all for close):
+ *  1. every op still in flight is canceled; a BYE listing the canceled
+ *     messages goes to each peer still there; wait (bounded) for the BYEs;
+ *  2. close the UCP endpoints; wait (bounded) for the closes and for UCX to
+ *     let go of the ops' requests;
+ *  3. complete the ops (TERN_ERR_CANCELED for the canceled), free the
+ *     endpoints (one whose close has not finished is kept as a zombie until it
+ *     has, or until the worker goes).
+ * Internal progress only records; no user callback runs before step 3.
+ */
+static void eps_shutdown(ucx_tp_t *tp, ucx_ep_t **eps, size_t n)
+{
+    uint64_t deadline;
+    link_t ops;
+
+    ucs_log_push_handler(quiet_log);
+    for (size_t i = 0; i < n; i++) {
+        ucx_ep_t *ep = eps[i];
+        uint32_t *list = NULL;
+        size_t nlist = 0, cap = 0;
+        bool listing = true;
+
+        ep->destroying = true;
+        link_del(&ep->lost_link);
+        for (link_t *l = ep->ops.next; l != &ep->ops; l = l->next) {
+            ucx_op_t *op = link_entry(l, ucx_op_t, link);
+            if (op->in_done && !(op->kind == OP_PUT_IMM && op->stage == 0))
+                continue; /* finished in UCX: completes with its own status */
+            op->canceled = true;
+            if (!listing || !op->has_seq || op->pending == 0)
+                continue;
+            if (nlist == cap) {
+                size_t ncap = cap ? 2 * cap : 16;
+                uint32_t *nl = realloc(list, ncap * sizeof(*nl));
+                if (nl == NULL) {
+                    listing = false; /* the peer may then deliver some canceled sends */
+                    continue;
+                }
+                list = nl;
+                cap = ncap;
+            }
+            list[nlist++] = op->seq;
+        }
+        if (ep->uep != NULL && !ep->lost) {
+            if (ep->nfd >= 0) {
+                ep_notice_bye(ep, list, nlist);
+            } else {
+                uint8_t *payload = NULL;
+                if (nlist > 0 && (payload = malloc(4 * nlist)) != NULL)
+                    for (size_t k = 0; k < nlist; k++)
+                        put_u32(payload + 4 * k, list[k]);
+                ep->bye = ctrl_post(ep, MSG_BYE, 0, 0, 0, payload, payload ? 4 * nlist : 0,
+                                    UCP_AM_SEND_FLAG_EAGER);
+            }
+        }
+        ep_notice_close(ep);
+        free(list);
+    }
+
+    /* Nothing frees ops until the end of this function, so the BYE pointers stay valid. */
+    deadline = tern_clock_ns() + BYE_WAIT_NS;
+    for (size_t i = 0; i < n; i++)
+        while (eps[i]->bye != NULL && eps[i]->bye->pending > 0 && tern_clock_ns() < deadline)
+            ucp_worker_progress(tp->worker);
+
+    /* Wait until UCX lets go of the ops' buffers: a force close purges them at
+     * once; a flush close (no peer error handling) finishes them, which may need
+     * the peer's progress. A close that finishes later, with no op left in it,
+     * holds no buffer of the user's: the endpoint waits as a zombie. */
+    for (size_t i = 0; i < n; i++)
+        ep_close_uep(eps[i]);
+    deadline = tern_clock_ns() + CLOSE_WAIT_NS;
+    for (size_t i = 0; i < n; i++) {
+        ucx_ep_t *ep = eps[i];
+        /* A flush close to a peer that is gone would only run out the clock. */
+        const bool wait = ep->peer_mode || !ep->lost;
+        while (wait && !(ep_ops_settled(ep) && (!ep->peer_mode || ep_closed(ep))) &&
+               tern_clock_ns() < deadline)
+            ucp_worker_progress(tp->worker);
+        if (wait && !ep_ops_settled(ep))
+            tern_warn("ucx: UCX still holds operations to peer %u after %llu ms (the peer is "
+                      "not progressing?): they complete as canceled, UCX may still touch their "
+                      "buffers until it finishes them",
+                      ep->base.peer, (unsigned long long)(CLOSE_WAIT_NS / 1000000));
+        if (!ep_closed(ep))
+            ep->zombie = true;
+    }
+    ucs_log_pop_handler();
+
+    link_init(&ops);
+    for (size_t i = 0; i < n; i++) {
+        ucx_ep_t *ep = eps[i];
+        ops_take(ep, &ops, TERN_ERR_CANCELED, false);
+        rkeys_detach(ep);
+        link_del(&ep->link);
+        if (ep->zombie) /* UCX still uses it (close, error callback, keys): reaped by drain */
+            link_add_tail(&tp->zombie_eps, &ep->link);
+        else
+            free(ep);
+    }
+    ops_complete(&ops);
+}
+
+/* ---- endpoints ---- */
+
+static tern_status_t ucx_ep_create(tern_transport_t *btp, uint32_t peer, const void *addr,
+                                   size_t len, tern_ep_t **ep_out)
+{
+    ucx_tp_t *tp = to_ucx_tp(btp);
+    const uint8_t *a = addr;
+    ucp_ep_params_t p;
+    ucx_ep_t *ep = NULL;
+    void *uaddr = NULL;
+    uint32_t ulen;
+    ucs_status_t st;
+    tern_status_t ret = TERN_OK;
+
+    if (len < ADDR_HDR_LEN)
+        return tern__error(TERN_ERR_INVALID_PARAM,
+                           "ucx: address of %zu bytes is shorter than its %u-byte header", len,
+                           ADDR_HDR_LEN);
+    if (get_u32(a) != ADDR_MAGIC)
+        return tern__error(TERN_ERR_INVALID_PARAM,
+                           "ucx: not a ucx address (magic %#x; from another provider?)",
+                           get_u32(a));
+    if (get_u16(a + 4) != WIRE_VERSION || get_u16(a + 6) != ADDR_HDR_LEN)
+        return tern__error(TERN_ERR_INVALID_PARAM,
+                           "ucx: address version %u (header %u bytes); this tern speaks %u",
+                           get_u16(a + 4), get_u16(a + 6), WIRE_VERSION);
+    ulen = get_u32(a + 12);
+    if (ulen == 0 || ulen != len - ADDR_HDR_LEN)
+        return tern__error(TERN_ERR_INVALID_PARAM,
+                           "ucx: address says %u bytes of UCX address, %zu follow (truncated?)",
+                           ulen, len - ADDR_HDR_LEN);
+    if (addr_checksum(a, ulen) != get_u32(a + 16))
+        return tern__error(TERN_ERR_INVALID_PARAM, "ucx: address checksum mismatch (damaged)");
+    if (get_u32(a + 8) != peer)
+        return tern__error(TERN_ERR_INVALID_PARAM,
+                           "ucx: the address belongs to peer %u, not peer %u", get_u32(a + 8),
+                           peer);
+
+    if ((ep = calloc(1, sizeof(*ep))) == NULL || (uaddr = malloc(ulen)) == NULL) {
+        ret = tern__error(TERN_ERR_NO_MEMORY, "ucx: no memory for an endpoint");
+        goto out;
+    }
+    memcpy(uaddr, a + ADDR_HDR_LEN, ulen); /* aligned for UCX */
+    ep->tp = tp;
+    ep->base.tp = btp;
+    ep->base.peer = peer;
+    link_init(&ep->link);
+    link_init(&ep->lost_link);
+    link_init(&ep->ops);
+    link_init(&ep->rkeys);
+    ep->nfd = -1;
+    ep->conn = (uint32_t)((tp->conn_nonce + tp->next_conn++) * 2654435761u);
+    ep->lost_status = UCS_OK;
+
+    memset(&p, 0, sizeof(p));
+    p.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                   UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    p.address = uaddr;
+    p.err_handler.cb = ep_err_cb;
+    p.err_handler.arg = ep;
+    st = UCS_ERR_UNREACHABLE;
+    if (tp->peer_mode) {
+        p.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+        ucs_log_push_handler(quiet_log);
+        st = ucp_ep_create(tp->worker, &p, &ep->uep);
+        ucs_log_pop_handler();
+        if (st == UCS_OK) {
+            ep->peer_mode = true;
+        } else if (st == UCS_ERR_UNREACHABLE) {
+            tp->peer_mode = false;
+            tern_info("ucx: the transports in use cannot detect peer failure "
+                      "(UCP_ERR_HANDLING_MODE_PEER unreachable, as with shared memory in UCX "
+                      "1.13); endpoints use mode NONE, and tern's notice channel (a unix "
+                      "socket to each peer on this host) reports a peer that closes or dies");
+        }
+    }
+    if (!tp->peer_mode) {
+        p.err_mode = UCP_ERR_HANDLING_MODE_NONE;
+        p.field_mask &= ~(uint64_t)UCP_EP_PARAM_FIELD_ERR_HANDLER;
+        st = ucp_ep_create(tp->worker, &p, &ep->uep);
+    }
+    if (st != UCS_OK) {
+        ret = tern__error(status_of(st) == TERN_ERR_INVALID_PARAM ? TERN_ERR_INVALID_PARAM
+                                                                  : TERN_ERR_UNREACHABLE,
+                          "ucx: ucp_ep_create to peer %u: %s", peer, ucs_status_string(st));
+        goto out;
+    }
+    if (!ep->peer_mode && (get_u32(a + 20) & ADDR_F_NOTICE))
+        ep_notice_connect(ep, get_u32(a + 24), get_u64(a + 32));
+    link_add_tail(&tp->eps, &ep->link);
+    *ep_out = &ep->base;
+    tern_debug("ucx: endpoint to peer %u (%s error handling)", peer, ep->peer_mode ? "peer" : "no");
+    ep = NULL;
+out:
+    free(uaddr);
+    free(ep);
+    return ret;
+}
+
+static void ucx_ep_destroy(tern_ep_t *bep)
+{
+    ucx_ep_t *ep = to_ucx_ep(bep);
+
+    eps_shutdown(ep->tp, &ep, 1);
+}
+
+/* ---- sends ---- */
+
+static tern_status_t ucx_send(tern_ep_t *bep, uint32_t imm, const void *buf, size_t len,
+                              const tern_op_params_t *params)
+{
+    ucx_ep_t *ep = to_ucx_ep(bep);
+    ucx_op_t *op;
+    ucs_status_ptr_t sp;
+    tern_status_t st;
+
+    if ((st = ep_check(ep, "tern_ep_send")) != TERN_OK)
+        return st;
+    if ((op = op_new(ep->tp, ep, OP_SEND, params)) == NULL)
+        return tern__error(TERN_ERR_NO_MEMORY, "tern_ep_send: no memory for the operation");
+    op->pending = 1;
+    msg_hdr_fill(op, MSG_SEND, 0, imm, len);
+    sp = am_post(op, buf, len, 0, mem_type_of(params));
+    if (UCS_PTR_IS_ERR(sp)) {
+        op_free(op);
+        return tern__error(status_of(UCS_PTR_STATUS(sp)), "ucp_am_send_nbx of %zu bytes: %s", len,
+                           ucs_status_string(UCS_PTR_STATUS(sp)));
+    }
+    op_track(op, sp);
+    return op_launched(op);
+}
+
+/* ---- one-sided ---- */
+
+/* Bounds and access of a remote key, checked here because UCP checks
+ * neither. A refusal tells the target (MSG_ACCESS) and fails the operation. */
+static tern_status_t rma_check(ucx_ep_t *ep, const ucx_rkey_t *rk, uint64_t raddr, size_t len,
+                               bool get, const tern_op_params_t *params)
+{
+    const unsigned need = get ? TERN_ACCESS_REMOTE_READ : TERN_ACCESS_REMOTE_WRITE;
+    const uint64_t base = rk->base.addr, rlen = rk->base.len;
+    const bool has_imm = !get && (params->field_mask & TERN_OP_PARAM_IMM);
+    const char *why;
+
+    if (!(rk->access & need))
+        why = get ? "the region does not allow remote read"
+                  : "the region does not allow remote write";
+    else if (raddr < base || raddr - base > rlen || len > rlen - (raddr - base))
+        why = "out of the region's bounds";
+    else
+        return TERN_OK;
+    ctrl_post(ep, MSG_ACCESS, (uint16_t)((has_imm ? MSGF_IMM : 0) | (get ? MSGF_GET : 0)),
+              has_imm ? params->imm : 0, len, NULL, 0, 0);
+    return tern__error(
+        TERN_ERR_ACCESS, "%s: %zu bytes at %#llx on peer %u: %s [%#llx, +%llu) (registration %u)",
+        get ? "tern_ep_get" : "tern_ep_put", len, (unsigned long long)raddr, ep->base.peer, why,
+        (unsigned long long)base, (unsigned long long)rlen, rk->reg_id);
+}
+
+/*
+ * A put completes when its data is at the target: ucp_put_nbx only promises
+ * that the source buffer may be reused, so a flush of the endpoint follows it.
+ * With an immediate, the notify AM goes out after that flush, so the target's
+ * TERN_EVENT_PUT_IMM comes after the data (and after every earlier put on this
+ * endpoint) is in place.
+ *
+ * Revoked keys: the initiator cannot tell a key whose region its owner has
+ * since unregistered, and one-sided RMA never asks the target. With tcp, UCX
+ * emulates RMA with AMs that the target's UCX applies by memcpy to the raw
+ * address: the put lands wherever that address now points (memory freed and
+ * reused, or a crash of the target if it is unmapped). With cma
+ * (process_vm_writev) the same, or the op fails if the range is unmapped.
+ * With InfiniBand the target's NIC refuses the stale rkey and the endpoint
+ * fails (TERN_ERR_PEER_LOST, not TERN_ERR_ACCESS). Do not use a key after its
+ * owner may have unregistered it.
+ */
+static tern_status_t ucx_put(tern_ep_t *bep, const void *buf, size_t len, uint64_t raddr,
+                             tern_rkey_t *brk, const tern_op_params_t *params)
+{
+    ucx_ep_t *ep = to_ucx_ep(bep);
+    ucx_rkey_t *rk = to_ucx_rkey(brk);
+    const bool has_imm = (params->field_mask & TERN_OP_PARAM_IMM) != 0;
+    ucp_request_param_t p;
+    ucs_status_ptr_t sp;
+    ucx_op_t *op;
+    tern_status_t st;
+
+    if ((st = ep_check(ep, "tern_ep_put")) != TERN_OK)
+        return st;
+    if ((st = rma_check(ep, rk, raddr, len, false, params)) != TERN_OK)
+        return st;
+    if (len == 0 && !has_imm)
+        return TERN_OK;
+    if ((op = op_new(ep->tp, ep, has_imm ? OP_PUT_IMM : OP_PUT, params)) == NULL)
+        return tern__error(TERN_ERR_NO_MEMORY, "tern_ep_put: no memory for the operation");
+    op->imm = has_imm ? params->imm : 0;
+    op->len = len;
+    op->pending = 1;
+    p = op_param(op);
+    if (len > 0) {
+        ucp_request_param_t pp = p;
+        pp.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMORY_TYPE;
+        pp.memory_type = mem_type_of(params);
+        sp = ucp_put_nbx(ep->uep, buf, len, raddr, rk->ukey, &pp);
+        if (UCS_PTR_IS_ERR(sp)) {
+            op_free(op);
+            return tern__error(status_of(UCS_PTR_STATUS(sp)), "ucp_put_nbx of %zu bytes: %s", len,
+                               ucs_status_string(UCS_PTR_STATUS(sp)));
+        }
+        op_track(op, sp);
+    }
+    sp = ucp_ep_flush_nbx(ep->uep, &p);
+    if (UCS_PTR_IS_ERR(sp) && len == 0) {
+        op_free(op);
+        return tern__error(status_of(UCS_PTR_STATUS(sp)), "ucp_ep_flush_nbx: %s",
+                           ucs_status_string(UCS_PTR_STATUS(sp)));
+    }
+    op_track(op, sp);
+    return op_launched(op);
+}
+
+static tern_status_t ucx_get(tern_ep_t *bep, void *buf, size_t len, uint64_t raddr,
+                             tern_rkey_t *brk, const tern_op_params_t *params)
+{
+    ucx_ep_t *ep = to_ucx_ep(bep);
+    ucx_rkey_t *rk = to_ucx_rkey(brk);
+    ucp_request_param_t p;
+    ucs_status_ptr_t sp;
+    ucx_op_t *op;
+    tern_status_t st;
+
+    if ((st = ep_check(ep, "tern_ep_get")) != TERN_OK)
+        return st;
+    if ((st = rma_check(ep, rk, raddr, len, true, params)) != TERN_OK)
+        return st;
+    if (len == 0)
+        return TERN_OK;
+    if ((op = op_new(ep->tp, ep, OP_GET, params)) == NULL)
+        return tern__error(TERN_ERR_NO_MEMORY, "tern_ep_get: no memory for the operation");
+    op->len = len;
+    op->pending = 1;
+    p = op_param(op);
+    p.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMORY_TYPE;
+    p.memory_type = mem_type_of(params);
+    sp = ucp_get_nbx(ep->uep, buf, len, raddr, rk->ukey, &p);
+    if (UCS_PTR_IS_ERR(sp)) {
+        op_free(op);
+        return tern__error(status_of(UCS_PTR_STATUS(sp)), "ucp_get_nbx of %zu bytes: %s", len,
+                           ucs_status_string(UCS_PTR_STATUS(sp)));
+    }
+    op_track(op, sp);
+    return op_launched(op);
+}
+
+/* ---- registration ---- */
+
+static tern_status_t ucx_mr_reg(tern_transport_t *btp, void *addr, size_t len,
+                                const tern_mr_params_t *params, tern_mr_t **mr_out)
+{
+    ucx_tp_t *tp = to_ucx_tp(btp);
+    ucx_mr_t *mr = calloc(1, sizeof(*mr));
+    ucp_mem_map_params_t mp;
+    ucs_status_t st;
+    tern_status_t ret = TERN_OK;
+
+    if (mr == NULL)
+        return tern__error(TERN_ERR_NO_MEMORY, "ucx: no memory for a registration");
+    mr->tp = tp;
+    mr->id = ++tp->next_reg_id;
+    if (len == 0)
+        goto done; /* an empty region: nothing for UCX to map */
+
+    memset(&mp, 0, sizeof(mp));
+    mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+                    UCP_MEM_MAP_PARAM_FIELD_PROT | UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE;
+    mp.address = addr;
+    mp.length = len;
+    /* Where the hardware enforces protection (IB) it then agrees with the key's header. */
+    mp.prot = UCP_MEM_MAP_PROT_LOCAL_READ | UCP_MEM_MAP_PROT_LOCAL_WRITE |
+              ((params->access & TERN_ACCESS_REMOTE_READ) ? UCP_MEM_MAP_PROT_REMOTE_READ : 0) |
+              ((params->access & TERN_ACCESS_REMOTE_WRITE) ? UCP_MEM_MAP_PROT_REMOTE_WRITE : 0);
+    mp.memory_type =
+        params->mem_type == TERN_MEM_CUDA ? UCS_MEMORY_TYPE_CUDA : UCS_MEMORY_TYPE_HOST;
+    st = ucp_mem_map(tp->ctx, &mp, &mr->memh);
+    if (st != UCS_OK) {
+        mr->memh = NULL;
+        ret = tern__error(
+            params->mem_type == TERN_MEM_CUDA && st == UCS_ERR_UNSUPPORTED ? TERN_ERR_UNSUPPORTED
+                                                                           : status_of(st),
+            "ucp_mem_map of %zu bytes at %p (%s memory): %s", len, addr,
+            params->mem_type == TERN_MEM_CUDA ? "CUDA" : "host", ucs_status_string(st));
+        goto out;
+    }
+    st = ucp_rkey_pack(tp->ctx, mr->memh, &mr->rkey_buf, &mr->rkey_len);
+    if (st != UCS_OK) {
+        mr->rkey_buf = NULL;
+        ret = tern__error(status_of(st), "ucp_rkey_pack: %s", ucs_status_string(st));
+        goto out;
+    }
+    if (RKEY_HDR_LEN + mr->rkey_len > TERN_RKEY_MAX) {
+        ret = tern__error(TERN_ERR_UNSUPPORTED,
+                          "ucx: UCX's packed key is %zu bytes; with tern's header it exceeds "
+                          "TERN_RKEY_MAX (%u)",
+                          mr->rkey_len, TERN_RKEY_MAX);
+        goto out;
+    }
+done:
+    *mr_out = &mr->base;
+    return TERN_OK;
+out:
+    if (mr->rkey_buf != NULL)
+        ucp_rkey_buffer_release(mr->rkey_buf);
+    if (mr->memh != NULL)
+        ucp_mem_unmap(tp->ctx, mr->memh);
+    free(mr);
+    return ret;
+}
+
+static void ucx_mr_dereg(tern_mr_t *bmr)
+{
+    ucx_mr_t *mr = to_ucx_mr(bmr);
+
+    if (mr->rkey_buf != NULL)
+        ucp_rkey_buffer_release(mr->rkey_buf);
+    if (mr->memh != NULL)
+        ucp_mem_unmap(mr->tp->ctx, mr->memh);
+    free(mr);
+}
+
+/* The packed key: a 40-byte tern header, then UCX's packed rkey.
+ *   0 u32 magic  4 u16 version  6 u16 header length  8 u64 base  16 u64 length
+ *  24 u32 access  28 u32 registration id  32 u32 UCX rkey length  36 u32 checksum */
+static tern_status_t ucx_mr_pack(const tern_mr_t *bmr, void *buf, size_t *len)
+{
+    const ucx_mr_t *mr = to_ucx_mr(bmr);
+    const size_t need = RKEY_HDR_LEN + mr->rkey_len;
+    uint8_t *b = buf;
+
+    if (*len < need) {
+        size_t have = *len;
+        *len = need;
+        return tern__error(TERN_ERR_TRUNCATED,
+                           "tern_mr_pack: the key needs %zu bytes, buffer has %zu", need, have);
+    }
+    put_u32(b, RKEY_MAGIC);
+    put_u16(b + 4, WIRE_VERSION);
+    put_u16(b + 6, RKEY_HDR_LEN);
+    put_u64(b + 8, (uint64_t)(uintptr_t)mr->base.addr);
+    put_u64(b + 16, mr->base.len);
+    put_u32(b + 24, mr->base.access);
+    put_u32(b + 28, mr->id);
+    put_u32(b + 32, (uint32_t)mr->rkey_len);
+    if (mr->rkey_len > 0)
+        memcpy(b + RKEY_HDR_LEN, mr->rkey_buf, mr->rkey_len);
+    put_u32(b + 36, fnv1a(fnv1a(FNV_SEED, b, 36), b + RKEY_HDR_LEN, mr->rkey_len));
+    *len = need;
+    return TERN_OK;
+}
+
+static tern_status_t ucx_rkey_unpack(tern_ep_t *bep, const void *buf, size_t len,
+                                     tern_rkey_t **rkey_out)
+{
+    ucx_ep_t *ep = to_ucx_ep(bep);
+    const uint8_t *b = buf;
+    const unsigned all = TERN_ACCESS_LOCAL | TERN_ACCESS_REMOTE_READ | TERN_ACCESS_REMOTE_WRITE;
+    uint64_t base, rlen;
+    uint32_t ulen, access;
+    ucx_rkey_t *rk;
+    tern_status_t st;
+
+    if (len < RKEY_HDR_LEN)
+        return tern__error(TERN_ERR_INVALID_PARAM,
+                           "ucx: remote key of %zu bytes is shorter than its %u-byte header", len,
+                           RKEY_HDR_LEN);
+    if (get_u32(b) != RKEY_MAGIC)
+        return tern__error(TERN_ERR_INVALID_PARAM,
+                           "ucx: not a ucx remote key (magic %#x; from another provider?)",
+                           get_u32(b));
+    if (get_u16(b + 4) != WIRE_VERSION || get_u16(b + 6) != RKEY_HDR_LEN)
+        return tern__error(TERN_ERR_INVALID_PARAM,
+                           "ucx: remote key version %u; this tern speaks %u", get_u16(b + 4),
+                           WIRE_VERSION);
+    base = get_u64(b + 8);
+    rlen = get_u64(b + 16);
+    access = get_u32(b + 24);
+    ulen = get_u32(b + 32);
+    if (ulen != len - RKEY_HDR_LEN)
+        return tern__error(TERN_ERR_INVALID_PARAM,
+                           "ucx: remote key says %u bytes of UCX key, %zu follow (truncated?)",
+                           ulen, len - RKEY_HDR_LEN);
+    if (fnv1a(fnv1a(FNV_SEED, b, 36), b + RKEY_HDR_LEN, ulen) != get_u32(b + 36))
+        return tern__error(TERN_ERR_INVALID_PARAM, "ucx: remote key checksum mismatch (damaged)");
+    if ((access & ~all) != 0 || access == 0 || base > UINT64_MAX - rlen ||
+        (uint64_t)(size_t)rlen != rlen || (rlen == 0) != (ulen == 0))
+        return tern__error(TERN_ERR_INVALID_PARAM,
+                           "ucx: remote key describes no valid region (base %#llx, %llu bytes, "
+                           "access %#x, %u key bytes)",
+                           (unsigned long long)base, (unsigned long long)rlen, access, ulen);
+    if ((st = ep_check(ep, "tern_rkey_unpack")) != TERN_OK)
+        return st;
+    if ((rk = calloc(1, sizeof(*rk))) == NULL)
+        return tern__error(TERN_ERR_NO_MEMORY, "ucx: no memory for a remote key");
+    if (ulen > 0) {
+        ucs_status_t us = ucp_ep_rkey_unpack(ep->uep, b + RKEY_HDR_LEN, &rk->ukey);
+        if (us != UCS_OK) {
+            free(rk);
+            return tern__error(status_of(us) == TERN_ERR_NO_MEMORY ? TERN_ERR_NO_MEMORY
+                                                                   : TERN_ERR_INVALID_PARAM,
+                               "ucp_ep_rkey_unpack: %s", ucs_status_string(us));
+        }
+    }
+    rk->base.ep = bep;
+    rk->base.addr = base;
+    rk->base.len = (size_t)rlen;
+    rk->access = access;
+    rk->reg_id = get_u32(b + 28);
+    link_add_tail(&ep->rkeys, &rk->link);
+    *rkey_out = &rk->base;
+    return TERN_OK;
+}
+
+static void ucx_rkey_release(tern_rkey_t *brk)
+{
+    ucx_rkey_t *rk = to_ucx_rkey(brk);
+
+    link_del(&rk->link);
+    if (rk->ukey != NULL)
+        ucp_rkey_destroy(rk->ukey);
+    free(rk);
+}
+
+/* ---- the transport ---- */
+
+static tern_status_t ucx_address(const tern_transport_t *btp, void *buf, size_t *len)
+{
+    const ucx_tp_t *tp = to_ucx_tp(btp);
+
+    if (*len < tp->addr_len) {
+        size_t have = *len;
+        *len = tp->addr_len;
+        return tern__error(TERN_ERR_TRUNCATED,
+                           "tern_transport_address: the address needs %zu bytes, buffer has %zu",
+                           tp->addr_len, have);
+    }
+    memcpy(buf, tp->addr, tp->addr_len);
+    *len = tp->addr_len;
+    return TERN_OK;
+}
+
+/* Print a UCX object's report into a string (open_memstream); NULL on failure. */
+static char *ucx_report(const ucp_config_t *config, ucp_context_h ctx)
+{
+    char *text = NULL;
+    size_t size = 0;
+    FILE *f = open_memstream(&text, &size);
+
+    if (f == NULL)
+        return NULL;
+    if (config != NULL)
+        ucp_config_print(config, f, NULL, UCS_CONFIG_PRINT_CONFIG);
+    else
+        ucp_context_print_info(ctx, f);
+    if (fclose(f) != 0) {
+        free(text);
+        return NULL;
+    }
+    return text;
+}
+
+/*
+ * attr.device: "UCX 1.13.1 (UCX_TLS=sm: sysv/memory,posix/memory,cma/memory)":
+ * the UCX_TLS value UCX parsed (from the environment or its config file) and
+ * the transport/device resources the context opened with it.
+ */
+static void describe_device(ucx_tp_t *tp, const ucp_config_t *config)
+{
+    char *cfg = ucx_report(config, NULL), *info = ucx_report(NULL, tp->ctx);
+    char tls[64] = "?", res[128] = "";
+    const char *line;
+    size_t n = 0;
+
+    if (cfg != NULL && (line = strstr(cfg, "UCX_TLS=")) != NULL) {
+        line += strlen("UCX_TLS=");
+        snprintf(tls, sizeof(tls), "%.*s", (int)strcspn(line, "\n"), line);
+    }
+    for (line = info; line != NULL && (line = strstr(line, "resource")) != NULL; line++) {
+        const char *r = strstr(line, "-- ");
+        const char *eol = strchr(line, '\n');
+        if (r == NULL || (eol != NULL && r > eol))
+            continue;
+        r += 3;
+        int w =
+            snprintf(res + n, sizeof(res) - n, "%s%.*s", n ? "," : "", (int)strcspn(r, " \n"), r);
+        if (w < 0 || (size_t)w >= sizeof(res) - n) {
+            res[n] = '\0';
+            break;
+        }
+        n += (size_t)w;
+    }
+    snprintf(tp->base.attr.device, sizeof(tp->base.attr.device), "UCX %s (UCX_TLS=%s: %s)",
+             ucp_get_version_string(), tls, res[0] ? res : "?");
+    free(cfg);
+    free(info);
+}
+
+/* Free a transport built up to any point (fields zeroed where not built). */
+static void tp_fini(ucx_tp_t *tp)
+{
+    /* A request not released when the worker goes is a UCX assertion. */
+    for (link_t *l = tp->orphan_entries.next; l != &tp->orphan_entries; l = l->next) {
+        ucx_entry_t *e = link_entry(l, ucx_entry_t, link);
+        if (e->req != NULL)
+            ucp_request_free(e->req);
+        e->req = NULL;
+    }
+    for (link_t *l = tp->zombie_eps.next; l != &tp->zombie_eps; l = l->next) {
+        ucx_ep_t *ep = link_entry(l, ucx_ep_t, link);
+        if (ep->close_req != NULL)
+            ucp_request_free(ep->close_req); /* UCX finishes it with the worker */
+        ep->close_req = NULL;
+        for (size_t i = 0; i < ep->nzukeys; i++)
+            ucp_rkey_destroy(ep->zukeys[i]);
+        ep->nzukeys = 0;
+    }
+    if (tp->worker != NULL) {
+        /* It reports the requests and endpoints tern gave up on: known already. */
+        ucs_log_push_handler(quiet_log);
+        ucp_worker_destroy(tp->worker);
+        ucs_log_pop_handler();
+        tp->worker = NULL;
+    }
+    /* Registrations the user left: only now, with the worker gone, can no
+     * request name them (a purge at worker destroy dereferences them). */
+    if (tp->base.ops != NULL)
+        tern__tp_release_mrs(&tp->base);
+    /* What UCX may have still held went with the worker. */
+    while (!link_empty(&tp->orphan_entries)) {
+        ucx_entry_t *e = link_entry(tp->orphan_entries.next, ucx_entry_t, link);
+        link_del(&e->link);
+        free(e->buf);
+        free(e);
+    }
+    while (!link_empty(&tp->zombie_eps))
+        zombie_free(link_entry(tp->zombie_eps.next, ucx_ep_t, link));
+    while (!link_empty(&tp->notice_conns)) {
+        notice_conn_t *c = link_entry(tp->notice_conns.next, notice_conn_t, link);
+        link_del(&c->link);
+        close(c->fd);
+        free(c);
+    }
+    if (tp->lfd >= 0)
+        close(tp->lfd);
+    if (tp->epfd >= 0)
+        close(tp->epfd);
+    while (tp->op_cache != NULL) {
+        ucx_op_t *op = tp->op_cache;
+        tp->op_cache = op->cache_next;
+        free(op);
+    }
+    if (tp->ctx != NULL)
+        ucp_cleanup(tp->ctx);
+    free(tp->buckets);
+    free(tp->addr);
+    free(tp);
+}
+
+static tern_status_t ucx_open(const tern__tp_config_t *cfg, tern_transport_t **tp_out)
+{
+    ucx_tp_t *tp = calloc(1, sizeof(*tp));
+    ucp_config_t *config = NULL;
+    ucp_params_t params;
+    ucp_worker_params_t wparams;
+    ucp_worker_attr_t wattr;
+    ucp_am_handler_param_t am;
+    ucs_status_t st;
+    tern_status_t ret = TERN_OK;
+
+    if (tp == NULL)
+        return tern__error(TERN_ERR_NO_MEMORY, "ucx: no memory for the transport");
+    tp->efd = -1;
+    tp->epfd = -1;
+    tp->lfd = -1;
+    tp->peer_mode = true;
+    link_init(&tp->notice_conns);
+    link_init(&tp->eps);
+    link_init(&tp->zombie_eps);
+    link_init(&tp->lost);
+    link_init(&tp->linger);
+    link_init(&tp->done);
+    link_init(&tp->orphan_entries);
+    link_init(&tp->dirty);
+    tp->nbuckets = 64;
+    if ((tp->buckets = calloc(tp->nbuckets, sizeof(*tp->buckets))) == NULL) {
+        ret = tern__error(TERN_ERR_NO_MEMORY, "ucx: no memory for the transport");
+        goto out;
+    }
+    tp->conn_nonce = (uint32_t)(tern_clock_ns() ^ ((uint64_t)getpid() << 16) ^ (uintptr_t)tp);
+
+    if ((st = ucp_config_read(NULL, NULL, &config)) != UCS_OK) {
+        ret = tern__error(TERN_ERR_CONFIG, "ucx: ucp_config_read (UCX_* variables): %s",
+                          ucs_status_string(st));
+        goto out;
+    }
+    if (cfg->device != NULL &&
+        (st = ucp_config_modify(config, "NET_DEVICES", cfg->device)) != UCS_OK) {
+        ret = tern__error(TERN_ERR_CONFIG, "ucx: device '%s' (UCX_NET_DEVICES): %s", cfg->device,
+                          ucs_status_string(st));
+        goto out;
+    }
+
+    memset(&params, 0, sizeof(params));
+    params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME;
+    params.features = UCP_FEATURE_AM | UCP_FEATURE_RMA | (cfg->busy_poll ? 0 : UCP_FEATURE_WAKEUP);
+    params.name = "tern";
+    if ((st = ucp_init(&params, config, &tp->ctx)) != UCS_OK) {
+        tp->ctx = NULL;
+        ret = tern__error(st == UCS_ERR_NO_MEMORY ? TERN_ERR_NO_MEMORY : TERN_ERR_NO_DEVICE,
+                          "ucx: ucp_init: %s (check UCX_TLS / UCX_NET_DEVICES)",
+                          ucs_status_string(st));
+        goto out;
+    }
+
+    memset(&wparams, 0, sizeof(wparams));
+    wparams.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+    /* One thread at a time, not always the same one: SERIALIZED (no locks in
+     * UCX either; SINGLE means only the opening thread may call). */
+    wparams.thread_mode = UCS_THREAD_MODE_SERIALIZED;
+    if ((st = ucp_worker_create(tp->ctx, &wparams, &tp->worker)) != UCS_OK) {
+        tp->worker = NULL;
+        ret = tern__error(st == UCS_ERR_NO_MEMORY ? TERN_ERR_NO_MEMORY : TERN_ERR_NO_DEVICE,
+                          "ucx: ucp_worker_create: %s", ucs_status_string(st));
+        goto out;
+    }
+
+    memset(&am, 0, sizeof(am));
+    am.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                    UCP_AM_HANDLER_PARAM_FIELD_ARG | UCP_AM_HANDLER_PARAM_FIELD_FLAGS;
+    am.id = AM_ID;
+    am.cb = am_cb;
+    am.arg = tp;
+    am.flags = UCP_AM_FLAG_WHOLE_MSG | UCP_AM_FLAG_PERSISTENT_DATA;
+    if ((st = ucp_worker_set_am_recv_handler(tp->worker, &am)) != UCS_OK) {
+        ret = tern__error(TERN_ERR_NO_DEVICE, "ucx: ucp_worker_set_am_recv_handler: %s",
+                          ucs_status_string(st));
+        goto out;
+    }
+
+    memset(&wattr, 0, sizeof(wattr));
+    wattr.field_mask = UCP_WORKER_ATTR_FIELD_ADDRESS | UCP_WORKER_ATTR_FIELD_MAX_AM_HEADER;
+    if ((st = ucp_worker_query(tp->worker, &wattr)) != UCS_OK) {
+        ret = tern__error(TERN_ERR_NO_DEVICE, "ucx: ucp_worker_query (address): %s",
+                          ucs_status_string(st));
+        goto out;
+    }
+    if (wattr.max_am_header < MSG_HDR_LEN) {
+        ret = tern__error(TERN_ERR_UNSUPPORTED,
+                          "ucx: the transports allow an AM header of %zu bytes, tern needs %u",
+                          wattr.max_am_header, MSG_HDR_LEN);
+        ucp_worker_release_address(tp->worker, wattr.address);
+        goto out;
+    }
+    tp->addr_len = ADDR_HDR_LEN + wattr.address_length;
+    if (tp->addr_len > TERN_ADDR_MAX || (tp->addr = malloc(tp->addr_len)) == NULL) {
+        ret = tern__error(tp->addr_len > TERN_ADDR_MAX ? TERN_ERR_UNSUPPORTED : TERN_ERR_NO_MEMORY,
+                          "ucx: worker address of %zu bytes (limit %u)", wattr.address_length,
+                          TERN_ADDR_MAX - ADDR_HDR_LEN);
+        ucp_worker_release_address(tp->worker, wattr.address);
+        goto out;
+    }
+    if (!cfg->busy_poll && (st = ucp_worker_get_efd(tp->worker, &tp->efd)) != UCS_OK) {
+        tp->efd = -1;
+        ret = tern__error(TERN_ERR_NO_DEVICE,
+                          "ucx: ucp_worker_get_efd: %s (the transports cannot sleep; set "
+                          "TERN_POLL=busy)",
+                          ucs_status_string(st));
+        ucp_worker_release_address(tp->worker, wattr.address);
+        goto out;
+    }
+    tp->ucx_watch.kind = WATCH_UCX;
+    if ((tp->epfd = epoll_create1(EPOLL_CLOEXEC)) < 0 ||
+        (tp->efd >= 0 && watch_add(tp, tp->efd, &tp->ucx_watch) != 0)) {
+        ret = tern__error_errno(TERN_ERR_NO_RESOURCE, errno, "ucx: epoll for the transport's fd");
+        ucp_worker_release_address(tp->worker, wattr.address);
+        goto out;
+    }
+    tp->notice_key = ((uint64_t)tp->conn_nonce << 32) ^ (tern_clock_ns() * 0x9e3779b97f4a7c15ull);
+    notice_listen(tp);
+
+    put_u32(tp->addr, ADDR_MAGIC);
+    put_u16(tp->addr + 4, WIRE_VERSION);
+    put_u16(tp->addr + 6, ADDR_HDR_LEN);
+    put_u32(tp->addr + 8, cfg->self_id);
+    put_u32(tp->addr + 12, (uint32_t)wattr.address_length);
+    put_u32(tp->addr + 20, tp->lfd >= 0 ? ADDR_F_NOTICE : 0);
+    put_u32(tp->addr + 24, (uint32_t)getpid());
+    put_u32(tp->addr + 28, 0);
+    put_u64(tp->addr + 32, tp->notice_key);
+    memcpy(tp->addr + ADDR_HDR_LEN, wattr.address, wattr.address_length);
+    put_u32(tp->addr + 16, addr_checksum(tp->addr, wattr.address_length));
+    ucp_worker_release_address(tp->worker, wattr.address);
+
+    describe_device(tp, config);
+    tp->base.attr.max_send = MAX_SEND;
+    tp->base.attr.max_put = MAX_PUT;
+    tp->base.attr.addr_len = tp->addr_len;
+    tern_debug("ucx: open on %s, address %zu bytes", tp->base.attr.device, tp->addr_len);
+    *tp_out = &tp->base;
+    tp = NULL;
+out:
+    if (config != NULL)
+        ucp_config_release(config);
+    if (tp != NULL)
+        tp_fini(tp);
+    return ret;
+}
+
+static void ucx_close(tern_transport_t *btp)
+{
+    ucx_tp_t *tp = to_ucx_tp(btp);
+    size_t n = 0;
+    ucx_ep_t **eps;
+    uint64_t deadline;
+
+    for (link_t *l = tp->eps.next; l != &tp->eps; l = l->next)
+        n++;
+    if (n > 0) {
+        if ((eps = malloc(n * sizeof(*eps))) != NULL) {
+            size_t i = 0;
+            for (link_t *l = tp->eps.next; l != &tp->eps; l = l->next)
+                eps[i++] = link_entry(l, ucx_ep_t, link);
+            eps_shutdown(tp, eps, n);
+            free(eps);
+        } else {
+            while (!link_empty(&tp->eps)) {
+                ucx_ep_t *ep = link_entry(tp->eps.next, ucx_ep_t, link);
+                eps_shutdown(tp, &ep, 1);
+            }
+        }
+    }
+    /* Nothing more is delivered: drop what waits, give UCX a moment to finish
+     * the rendezvous receives still writing into our buffers. */
+    for (size_t i = 0; i < tp->nbuckets; i++)
+        while (tp->buckets[i] != NULL)
+            stream_free(tp, tp->buckets[i]);
+    while (!link_empty(&tp->done)) /* internal ops only: user ops went with their eps */
+        op_free(link_entry(tp->done.next, ucx_op_t, dlink));
+    deadline = tern_clock_ns() + ORPHAN_WAIT_NS;
+    while (!link_empty(&tp->orphan_entries) && tern_clock_ns() < deadline)
+        ucp_worker_progress(tp->worker);
+    tp_fini(tp);
+}
+
+const tern__tp_ops_t tern__ucx_ops = {
+    .name = "ucx",
+    .open = ucx_open,
+    .close = ucx_close,
+    .address = ucx_address,
+    .progress = ucx_progress,
+    .fd = ucx_fd,
+    .arm = ucx_arm,
+    .ep_create = ucx_ep_create,
+    .ep_destroy = ucx_ep_destroy,
+    .send = ucx_send,
+    .put = ucx_put,
+    .get = ucx_get,
+    .mr_reg = ucx_mr_reg,
+    .mr_dereg = ucx_mr_dereg,
+    .mr_pack = ucx_mr_pack,
+    .rkey_unpack = ucx_rkey_unpack,
+    .rkey_release = ucx_rkey_release,
+};
