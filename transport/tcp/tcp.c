@@ -516,6 +516,25 @@ static conn_t *conn_new(tcp_tp_t *t, int fd, bool incoming)
 
 /* ---- receiving ---- */
 
+/*
+ * What a recv that returned r <= 0 means: 1 to retry (interrupted), 0 to stop
+ * until epoll reports more, -1 when the connection ended (it is failed: after
+ * a BYE the peer closed on purpose, otherwise it is lost).
+ */
+static int recv_end(conn_t *c, ssize_t r)
+{
+    if (r == 0) {
+        conn_fail(c, c->bye_seen ? TERN_ERR_CANCELED : TERN_ERR_PEER_LOST);
+        return -1;
+    }
+    if (errno == EINTR)
+        return 1;
+    if (errno == EAGAIN || errno == EWOULDBLOCK)
+        return 0;
+    conn_fail(c, TERN_ERR_PEER_LOST);
+    return -1;
+}
+
 /* Take up to n buffered bytes into dst (NULL: discard); returns how many. */
 static size_t take_buffered(conn_t *c, uint8_t *dst, size_t n)
 {
@@ -745,16 +764,9 @@ static int rx_payload(conn_t *c)
             need -= (uint64_t)r;
             continue;
         }
-        if (r == 0) {
-            conn_fail(c, TERN_ERR_PEER_LOST);
-            return -1;
-        }
-        if (errno == EINTR)
-            continue;
-        if (errno == EAGAIN || errno == EWOULDBLOCK)
-            return 0;
-        conn_fail(c, TERN_ERR_PEER_LOST);
-        return -1;
+        int end = recv_end(c, r);
+        if (end <= 0)
+            return end;
     }
     return 1;
 }
@@ -780,17 +792,9 @@ static ssize_t fill(conn_t *c)
             c->drained = (size_t)n < space;
             return n;
         }
-        if (n == 0) {
-            /* After a BYE the peer closed on purpose; otherwise it is lost. */
-            conn_fail(c, c->bye_seen ? TERN_ERR_CANCELED : TERN_ERR_PEER_LOST);
-            return -1;
-        }
-        if (errno == EINTR)
-            continue;
-        if (errno == EAGAIN || errno == EWOULDBLOCK)
-            return 0;
-        conn_fail(c, TERN_ERR_PEER_LOST);
-        return -1;
+        int end = recv_end(c, n);
+        if (end <= 0)
+            return end;
     }
 }
 
