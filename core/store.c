@@ -95,21 +95,21 @@ static tern_status_t tcp_request(tern_store_t *s, uint8_t op, const char *const 
     iov[iovcnt++] = (struct iovec){hdr, sizeof(hdr)};
     for (unsigned i = 0; i < nkeys; i++) {
         size_t klen = strlen(keys[i]);
-        tern__put32(lens[i], (uint32_t)klen);
+        tern__put_be32(lens[i], (uint32_t)klen);
         iov[iovcnt++] = (struct iovec){lens[i], 4};
         iov[iovcnt++] = (struct iovec){(void *)keys[i], klen};
         body += 4 + klen;
     }
     if (vlen > 0)
         iov[iovcnt++] = (struct iovec){(void *)value, vlen};
-    tern__put32(hdr, TERN__STORE_MAGIC);
+    tern__put_be32(hdr, TERN__STORE_MAGIC);
     hdr[4] = op;
     hdr[5] = TERN__STORE_VERSION;
     hdr[6] = (uint8_t)(nkeys >> 8);
     hdr[7] = (uint8_t)nkeys;
-    tern__put32(hdr + 8, (uint32_t)body);
-    tern__put32(hdr + 12, 0);
-    tern__put64(hdr + 16, (uint64_t)arg);
+    tern__put_be32(hdr + 8, (uint32_t)body);
+    tern__put_be32(hdr + 12, 0);
+    tern__put_be64(hdr + 16, (uint64_t)arg);
 
     pthread_mutex_lock(&s->lock);
     if (s->failed != TERN_OK) {
@@ -122,8 +122,8 @@ static tern_status_t tcp_request(tern_store_t *s, uint8_t op, const char *const 
         st = tern__sock_read_all(s->fd, rhdr, sizeof(rhdr), deadline);
     if (st != TERN_OK)
         goto broken;
-    uint32_t rlen = tern__get32(rhdr + 8);
-    if (tern__get32(rhdr) != TERN__STORE_MAGIC || rlen > TERN__STORE_BODY_MAX) {
+    uint32_t rlen = tern__get_be32(rhdr + 8);
+    if (tern__get_be32(rhdr) != TERN__STORE_MAGIC || rlen > TERN__STORE_BODY_MAX) {
         st = tern__error(TERN_ERR_PROTOCOL, "store: malformed reply from %s", s->where);
         goto broken;
     }
@@ -136,13 +136,13 @@ static tern_status_t tcp_request(tern_store_t *s, uint8_t op, const char *const 
     if (st != TERN_OK)
         goto broken;
     rbody[rlen] = '\0';
-    st = (tern_status_t)(int32_t)tern__get32(rhdr + 4);
+    st = (tern_status_t)(int32_t)tern__get_be32(rhdr + 4);
     if (st != TERN_OK) {
         tern__error(st, "%s", rbody);
         goto out;
     }
     if (value_out != NULL)
-        *value_out = (int64_t)tern__get64(rhdr + 16);
+        *value_out = (int64_t)tern__get_be64(rhdr + 16);
     if (body_out != NULL) {
         *body_out = rbody;
         *body_len = rlen;

@@ -17,6 +17,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "core/bytes.h"
+
 #include <tern/store.h>
 
 #define TERN__STORE_MAGIC 0x5445524eu /* "TERN" */
@@ -35,29 +37,5 @@ enum tern__store_op {
     TERN__STORE_WAIT = 5,
     TERN__STORE_CHECK = 6,
 };
-
-static inline void tern__put32(uint8_t *p, uint32_t v)
-{
-    p[0] = (uint8_t)(v >> 24);
-    p[1] = (uint8_t)(v >> 16);
-    p[2] = (uint8_t)(v >> 8);
-    p[3] = (uint8_t)v;
-}
-
-static inline uint32_t tern__get32(const uint8_t *p)
-{
-    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
-}
-
-static inline void tern__put64(uint8_t *p, uint64_t v)
-{
-    tern__put32(p, (uint32_t)(v >> 32));
-    tern__put32(p + 4, (uint32_t)v);
-}
-
-static inline uint64_t tern__get64(const uint8_t *p)
-{
-    return (uint64_t)tern__get32(p) << 32 | tern__get32(p + 4);
-}
 
 #endif

@@ -159,11 +159,11 @@ static bool reply(tern_store_server_t *s, conn_t *c, tern_status_t st, int64_t v
         c->out_cap = need;
     }
     uint8_t *h = c->out + c->out_len;
-    tern__put32(h, TERN__STORE_MAGIC);
-    tern__put32(h + 4, (uint32_t)(int32_t)st);
-    tern__put32(h + 8, (uint32_t)len);
-    tern__put32(h + 12, 0);
-    tern__put64(h + 16, (uint64_t)value);
+    tern__put_be32(h, TERN__STORE_MAGIC);
+    tern__put_be32(h + 4, (uint32_t)(int32_t)st);
+    tern__put_be32(h + 8, (uint32_t)len);
+    tern__put_be32(h + 12, 0);
+    tern__put_be64(h + 16, (uint64_t)value);
     if (len > 0)
         memcpy(h + TERN__STORE_HDR_SIZE, body, len);
     c->out_len = need;
@@ -193,7 +193,7 @@ static const char *parse_keys(conn_t *c, unsigned nkeys, size_t *rest)
     for (unsigned i = 0; i < nkeys; i++) {
         if (c->body_len - off < 4)
             return "key length runs past the message";
-        uint32_t klen = tern__get32(c->body + off);
+        uint32_t klen = tern__get_be32(c->body + off);
         off += 4;
         if (klen == 0 || klen > TERN_STORE_KEY_MAX || klen > c->body_len - off)
             return "bad key length";
@@ -262,7 +262,7 @@ static bool handle(tern_store_server_t *s, conn_t *c)
 {
     uint8_t op = c->hdr[4], version = c->hdr[5];
     unsigned nkeys = (unsigned)c->hdr[6] << 8 | c->hdr[7];
-    int64_t arg = (int64_t)tern__get64(c->hdr + 16);
+    int64_t arg = (int64_t)tern__get_be64(c->hdr + 16);
     size_t rest = 0;
     const char *why;
     tern_status_t st;
@@ -365,9 +365,9 @@ static bool on_readable(tern_store_server_t *s, conn_t *c)
             c->hdr_got += (size_t)n;
             if (c->hdr_got < TERN__STORE_HDR_SIZE)
                 continue;
-            if (tern__get32(c->hdr) != TERN__STORE_MAGIC)
+            if (tern__get_be32(c->hdr) != TERN__STORE_MAGIC)
                 return protocol_error(s, c, "bad magic (not a tern store client?)");
-            c->body_len = tern__get32(c->hdr + 8);
+            c->body_len = tern__get_be32(c->hdr + 8);
             if (c->body_len > TERN__STORE_BODY_MAX)
                 return protocol_error(s, c, "message too large");
             c->body_got = 0;

@@ -27,13 +27,13 @@
  *
  * Everything here runs under the comm lock.
  */
-#include <endian.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/config.h"
+#include "core/bytes.h"
 #include "core/context.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -43,32 +43,6 @@ enum ctrl { CTRL_FIN = 1, CTRL_CREDIT = 2, CTRL_NACK = 3 };
 
 #define EAGER_HDR 8
 #define RTS_HDR 36
-
-static void put32(uint8_t *p, uint32_t v)
-{
-    v = htole32(v);
-    memcpy(p, &v, 4);
-}
-
-static void put64(uint8_t *p, uint64_t v)
-{
-    v = htole64(v);
-    memcpy(p, &v, 8);
-}
-
-static uint32_t get32(const uint8_t *p)
-{
-    uint32_t v;
-    memcpy(&v, p, 4);
-    return le32toh(v);
-}
-
-static uint64_t get64(const uint8_t *p)
-{
-    uint64_t v;
-    memcpy(&v, p, 8);
-    return le64toh(v);
-}
 
 /* A message of the protocol's own that must outlive the call that sends it. */
 typedef struct bounce {
@@ -124,8 +98,8 @@ static void send_fin(tern__comm_t *comm, int dst, uint64_t sreq, tern_status_t s
     uint8_t msg[12];
     if ((unsigned)dst < comm->world && comm->peer_failed[dst] != TERN_OK)
         return;
-    put64(msg, sreq);
-    put32(msg + 8, (uint32_t)st);
+    tern__put_le64(msg, sreq);
+    tern__put_le32(msg + 8, (uint32_t)st);
     send_ctrl(comm, dst, CTRL_FIN, msg, sizeof(msg));
 }
 
@@ -135,7 +109,7 @@ static void consumed(tern__comm_t *comm, int src, size_t bytes)
     comm->consumed[src] += bytes;
     if (comm->consumed[src] >= comm->credit_per_peer / 4) {
         uint8_t msg[8];
-        put64(msg, comm->consumed[src]);
+        tern__put_le64(msg, comm->consumed[src]);
         comm->consumed[src] = 0;
         send_ctrl(comm, src, CTRL_CREDIT, msg, sizeof(msg));
     }
@@ -167,9 +141,9 @@ static void deliver_eager(tern__comm_t *comm, tern_request_t *req, int src, int 
     consumed(comm, src, len);
     if (len > req->len) {
         uint8_t msg[20];
-        put32(msg, (uint32_t)tag);
-        put64(msg + 4, len);
-        put64(msg + 12, req->len);
+        tern__put_le32(msg, (uint32_t)tag);
+        tern__put_le64(msg + 4, len);
+        tern__put_le64(msg + 12, req->len);
         send_ctrl(comm, src, CTRL_NACK, msg, sizeof(msg));
         tern__req_complete(req, TERN_ERR_TRUNCATED);
         return;
@@ -269,8 +243,8 @@ static void on_eager(tern__comm_t *comm, const tern_event_t *ev, void *arg)
         return;
     }
     const uint8_t *p = ev->data;
-    uint32_t cid = get32(p);
-    int tag = (int32_t)get32(p + 4);
+    uint32_t cid = tern__get_le32(p);
+    int tag = (int32_t)tern__get_le32(p + 4);
     size_t len = ev->len - EAGER_HDR;
     tern_request_t *req = take_posted(comm, cid, src, tag);
     if (req != NULL) {
@@ -306,14 +280,14 @@ static void on_rts(tern__comm_t *comm, const tern_event_t *ev, void *arg)
     const uint8_t *p = ev->data;
     uint32_t rkey_len;
     if (ev->type != TERN_EVENT_RECV || ev->len < RTS_HDR || ev->src >= comm->world ||
-        (rkey_len = get32(p + 32)) > TERN_RKEY_MAX || ev->len != RTS_HDR + rkey_len) {
+        (rkey_len = tern__get_le32(p + 32)) > TERN_RKEY_MAX || ev->len != RTS_HDR + rkey_len) {
         tern_warn("p2p: malformed rendezvous message from rank %u (%zu bytes); dropped", ev->src,
                   ev->len);
         return;
     }
-    uint32_t cid = get32(p);
-    int tag = (int32_t)get32(p + 4);
-    uint64_t len = get64(p + 8), sreq = get64(p + 16), raddr = get64(p + 24);
+    uint32_t cid = tern__get_le32(p);
+    int tag = (int32_t)tern__get_le32(p + 4);
+    uint64_t len = tern__get_le64(p + 8), sreq = tern__get_le64(p + 16), raddr = tern__get_le64(p + 24);
     tern_request_t *req = take_posted(comm, cid, src, tag);
     if (req != NULL) {
         start_get(comm, req, src, tag, (size_t)len, sreq, raddr, p + RTS_HDR, rkey_len);
@@ -345,8 +319,8 @@ static void on_control(tern__comm_t *comm, const tern_event_t *ev, void *arg)
     case CTRL_FIN: {
         if (ev->len != 12)
             break;
-        uint64_t id = get64(p);
-        tern_status_t st = (tern_status_t)(int32_t)get32(p + 8);
+        uint64_t id = tern__get_le64(p);
+        tern_status_t st = (tern_status_t)(int32_t)tern__get_le32(p + 8);
         tern_request_t **pp;
         for (pp = &comm->rndv_sends; *pp != NULL; pp = &(*pp)->next) {
             tern_request_t *r = *pp;
@@ -365,14 +339,14 @@ static void on_control(tern__comm_t *comm, const tern_event_t *ev, void *arg)
     case CTRL_CREDIT:
         if (ev->len != 8)
             break;
-        comm->credits[ev->src] += (int64_t)get64(p);
+        comm->credits[ev->src] += (int64_t)tern__get_le64(p);
         return;
     case CTRL_NACK:
         if (ev->len != 20)
             break;
         tern_warn("rank %u truncated our %" PRIu64 "-byte message (tag %d) to its %" PRIu64
                   "-byte buffer",
-                  ev->src, get64(p + 4), (int32_t)get32(p), get64(p + 12));
+                  ev->src, tern__get_le64(p + 4), (int32_t)tern__get_le32(p), tern__get_le64(p + 12));
         return;
     default:
         break;
@@ -408,8 +382,8 @@ tern_status_t tern__p2p_isend(tern__comm_t *comm, uint32_t cid, const void *buf,
             st = tern__error(TERN_ERR_NO_MEMORY, "isend: no memory for %zu bytes", len);
             goto fail;
         }
-        put32(b->data, cid);
-        put32(b->data + 4, (uint32_t)tag);
+        tern__put_le32(b->data, cid);
+        tern__put_le32(b->data + 4, (uint32_t)tag);
         if (len)
             memcpy(b->data + EAGER_HDR, buf, len);
         st = send_bounce(comm, dst, tern_imm_make(TERN_IMM_P2P_EAGER, 0, 0, 0), b);
@@ -432,12 +406,12 @@ tern_status_t tern__p2p_isend(tern__comm_t *comm, uint32_t cid, const void *buf,
             goto fail;
         }
         req->id = ++comm->next_id;
-        put32(b->data, cid);
-        put32(b->data + 4, (uint32_t)tag);
-        put64(b->data + 8, len);
-        put64(b->data + 16, req->id);
-        put64(b->data + 24, (uintptr_t)buf);
-        put32(b->data + 32, (uint32_t)klen);
+        tern__put_le32(b->data, cid);
+        tern__put_le32(b->data + 4, (uint32_t)tag);
+        tern__put_le64(b->data + 8, len);
+        tern__put_le64(b->data + 16, req->id);
+        tern__put_le64(b->data + 24, (uintptr_t)buf);
+        tern__put_le32(b->data + 32, (uint32_t)klen);
         memcpy(b->data + RTS_HDR, key, klen);
         if ((st = send_bounce(comm, dst, tern_imm_make(TERN_IMM_P2P_RNDV, 0, 0, 0), b)) != TERN_OK)
             goto fail;

@@ -7,6 +7,7 @@
 #include <inttypes.h>
 #include <string.h>
 
+#include "core/bytes.h"
 #include "core/error.h"
 #include "tensor/priv.h"
 
@@ -24,34 +25,6 @@ enum {
     OFF_SHAPE = 16,
     HEADER_SIZE = 16,
 };
-
-static void put_u32(unsigned char *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++)
-        p[i] = (unsigned char)(v >> (8 * i));
-}
-
-static void put_u64(unsigned char *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        p[i] = (unsigned char)(v >> (8 * i));
-}
-
-static uint32_t get_u32(const unsigned char *p)
-{
-    uint32_t v = 0;
-    for (int i = 3; i >= 0; i--)
-        v = (v << 8) | p[i];
-    return v;
-}
-
-static uint64_t get_u64(const unsigned char *p)
-{
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--)
-        v = (v << 8) | p[i];
-    return v;
-}
 
 size_t tern_tensor_wire_desc_size(int32_t ndim)
 {
@@ -84,10 +57,10 @@ static void write_desc(const tern_tensor_t *t, unsigned char *p)
     p[OFF_DTYPE] = (unsigned char)t->dtype;
     p[OFF_NDIM] = (unsigned char)t->ndim;
     p[OFF_DEVTYPE] = (unsigned char)t->device.type;
-    put_u32(p + OFF_DEVINDEX, (uint32_t)t->device.index);
-    put_u32(p + OFF_RESERVED, 0);
+    tern__put_le32(p + OFF_DEVINDEX, (uint32_t)t->device.index);
+    tern__put_le32(p + OFF_RESERVED, 0);
     for (int32_t i = 0; i < t->ndim; i++)
-        put_u64(p + OFF_SHAPE + 8 * (size_t)i, (uint64_t)t->shape[i]);
+        tern__put_le64(p + OFF_SHAPE + 8 * (size_t)i, (uint64_t)t->shape[i]);
 }
 
 static tern_status_t check_out(const void *buf, size_t cap, const size_t *len)
@@ -174,13 +147,13 @@ static tern_status_t read_desc(const unsigned char *p, size_t len, const tern_te
     if (memcmp(p + OFF_MAGIC, wire_magic, sizeof(wire_magic)) != 0)
         return tern__error(TERN_ERR_PROTOCOL,
                            "bad tensor descriptor magic 0x%08" PRIx32 " (not a tern tensor?)",
-                           get_u32(p + OFF_MAGIC));
+                           tern__get_le32(p + OFF_MAGIC));
     if (p[OFF_VERSION] != TERN_TENSOR_WIRE_VERSION)
         return tern__error(TERN_ERR_UNSUPPORTED,
                            "tensor wire version %u (this tern reads version %d)", p[OFF_VERSION],
                            TERN_TENSOR_WIRE_VERSION);
     unsigned dtype = p[OFF_DTYPE], ndim = p[OFF_NDIM], devtype = p[OFF_DEVTYPE];
-    uint32_t devindex = get_u32(p + OFF_DEVINDEX), reserved = get_u32(p + OFF_RESERVED);
+    uint32_t devindex = tern__get_le32(p + OFF_DEVINDEX), reserved = tern__get_le32(p + OFF_RESERVED);
     if (dtype >= TERN_DTYPE_COUNT)
         return tern__error(TERN_ERR_UNSUPPORTED, "unknown dtype code %u in tensor descriptor",
                            dtype);
@@ -211,7 +184,7 @@ static tern_status_t read_desc(const unsigned char *p, size_t len, const tern_te
     t.device.type = (tern_device_type_t)devtype;
     t.device.index = (int32_t)devindex;
     for (unsigned i = 0; i < ndim; i++) {
-        uint64_t d = get_u64(p + OFF_SHAPE + 8 * (size_t)i);
+        uint64_t d = tern__get_le64(p + OFF_SHAPE + 8 * (size_t)i);
         if (d > INT64_MAX)
             return tern__error(TERN_ERR_PROTOCOL,
                                "tensor descriptor dimension %u is negative (0x%016" PRIx64 ")", i,

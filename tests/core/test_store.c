@@ -314,32 +314,32 @@ static void test_malformed_input(void **state)
     unsigned port = tern_store_server_port(srv);
 
     send_raw(port, "GET / HTTP/1.1\r\nHost: x\r\n\r\n", 27, 1); /* bad magic */
-    tern__put32(hdr, TERN__STORE_MAGIC);
+    tern__put_be32(hdr, TERN__STORE_MAGIC);
     hdr[4] = TERN__STORE_SET;
     hdr[5] = TERN__STORE_VERSION;
     hdr[7] = 1;
     send_raw(port, hdr, TERN__STORE_HDR_SIZE, 1); /* SET before HELLO */
     hdr[4] = TERN__STORE_HELLO;
     hdr[7] = 0;
-    tern__put32(hdr + 8, 0xffffffffu); /* 4 GiB body */
+    tern__put_be32(hdr + 8, 0xffffffffu); /* 4 GiB body */
     send_raw(port, hdr, TERN__STORE_HDR_SIZE, 1);
     hdr[5] = 99; /* another protocol version */
-    tern__put32(hdr + 8, 0);
+    tern__put_be32(hdr + 8, 0);
     send_raw(port, hdr, TERN__STORE_HDR_SIZE, 1);
     /* HELLO, then a SET whose key length runs past the body. */
     {
         uint8_t msg[2 * TERN__STORE_HDR_SIZE + 6] = {0};
-        tern__put32(msg, TERN__STORE_MAGIC);
+        tern__put_be32(msg, TERN__STORE_MAGIC);
         msg[4] = TERN__STORE_HELLO;
         msg[5] = TERN__STORE_VERSION;
-        tern__put64(msg + 16, 1); /* rank 0, world 1 */
+        tern__put_be64(msg + 16, 1); /* rank 0, world 1 */
         uint8_t *m2 = msg + TERN__STORE_HDR_SIZE;
-        tern__put32(m2, TERN__STORE_MAGIC);
+        tern__put_be32(m2, TERN__STORE_MAGIC);
         m2[4] = TERN__STORE_SET;
         m2[5] = TERN__STORE_VERSION;
         m2[7] = 1;
-        tern__put32(m2 + 8, 6);
-        tern__put32(m2 + TERN__STORE_HDR_SIZE, 1000); /* key of 1000 bytes in a 6-byte body */
+        tern__put_be32(m2 + 8, 6);
+        tern__put_be32(m2 + TERN__STORE_HDR_SIZE, 1000); /* key of 1000 bytes in a 6-byte body */
         send_raw(port, msg, sizeof(msg), 1);
     }
 

@@ -18,7 +18,6 @@
  * Frame: a 56-byte little-endian header, then `payload` bytes.
  */
 #include <arpa/inet.h>
-#include <endian.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <ifaddrs.h>
@@ -43,6 +42,7 @@ static _Thread_local bool kv_oom;
 #define uthash_nonfatal_oom(elt) (kv_oom = true)
 #include <uthash.h>
 
+#include "core/bytes.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "transport/provider.h"
@@ -77,33 +77,29 @@ typedef struct frame {
 
 static void frame_encode(const frame_t *f, uint8_t *h)
 {
-    uint64_t v;
     memset(h, 0, HDR_SIZE);
     h[0] = f->type;
     h[1] = f->flags;
-    uint32_t st = htole32((uint32_t)f->status), imm = htole32(f->imm);
-    memcpy(h + 4, &st, 4);
-    memcpy(h + 8, &imm, 4);
-    v = htole64(f->op_id), memcpy(h + 16, &v, 8);
-    v = htole64(f->key), memcpy(h + 24, &v, 8);
-    v = htole64(f->raddr), memcpy(h + 32, &v, 8);
-    v = htole64(f->size), memcpy(h + 40, &v, 8);
-    v = htole64(f->payload), memcpy(h + 48, &v, 8);
+    tern__put_le32(h + 4, (uint32_t)f->status);
+    tern__put_le32(h + 8, f->imm);
+    tern__put_le64(h + 16, f->op_id);
+    tern__put_le64(h + 24, f->key);
+    tern__put_le64(h + 32, f->raddr);
+    tern__put_le64(h + 40, f->size);
+    tern__put_le64(h + 48, f->payload);
 }
 
 static void frame_decode(const uint8_t *h, frame_t *f)
 {
-    uint32_t u32;
-    uint64_t u64;
     f->type = h[0];
     f->flags = h[1];
-    memcpy(&u32, h + 4, 4), f->status = (int32_t)le32toh(u32);
-    memcpy(&u32, h + 8, 4), f->imm = le32toh(u32);
-    memcpy(&u64, h + 16, 8), f->op_id = le64toh(u64);
-    memcpy(&u64, h + 24, 8), f->key = le64toh(u64);
-    memcpy(&u64, h + 32, 8), f->raddr = le64toh(u64);
-    memcpy(&u64, h + 40, 8), f->size = le64toh(u64);
-    memcpy(&u64, h + 48, 8), f->payload = le64toh(u64);
+    f->status = (int32_t)tern__get_le32(h + 4);
+    f->imm = tern__get_le32(h + 8);
+    f->op_id = tern__get_le64(h + 16);
+    f->key = tern__get_le64(h + 24);
+    f->raddr = tern__get_le64(h + 32);
+    f->size = tern__get_le64(h + 40);
+    f->payload = tern__get_le64(h + 48);
 }
 
 struct tcp_mr;
@@ -153,6 +149,7 @@ typedef struct conn {
     uint8_t *big;          /* F_SEND payloads that do not fit rxbuf */
     size_t big_cap;
     bool drained;          /* the last read left the socket empty: wait for epoll */
+    uint8_t hello[12];     /* an incoming HELLO's payload: self_id u32, instance u64 */
     bool refused;          /* current PUT failed its checks */
     tern_status_t refusal;
     struct tcp_mr *cur_mr; /* current PUT's region, pinned */
@@ -623,7 +620,7 @@ static bool header_arrived(conn_t *c)
     case F_HELLO:
         if (!c->incoming || c->hello_seen || f->payload != 12)
             goto bad;
-        c->dst = (uint8_t *)&c->cur.raddr; /* 12 bytes of scratch inside the frame */
+        c->dst = c->hello;
         break;
     case F_BYE:
         if (f->payload != 0)
@@ -838,9 +835,7 @@ static void on_readable(conn_t *c)
             continue;
         }
         if (c->cur.type == F_HELLO) {
-            uint32_t id;
-            memcpy(&id, &c->cur.raddr, 4);
-            c->peer = le32toh(id);
+            c->peer = tern__get_le32(c->hello);
             c->hello_seen = true;
             c->rx_state = RX_HDR;
         } else {
@@ -1000,9 +995,7 @@ static tern_status_t pick_address(const tern__tp_config_t *cfg, struct sockaddr_
 static void build_address(tcp_tp_t *t, const struct sockaddr_storage *ss)
 {
     uint8_t *p = t->addr;
-    uint32_t magic = htole32(ADDR_MAGIC), id = htole32(t->base.self_id);
-    uint64_t inst = htole64(t->instance);
-    memcpy(p, &magic, 4);
+    tern__put_le32(p, ADDR_MAGIC);
     p[4] = ADDR_VERSION;
     if (ss->ss_family == AF_INET) {
         const struct sockaddr_in *s4 = (const struct sockaddr_in *)ss;
@@ -1017,19 +1010,17 @@ static void build_address(tcp_tp_t *t, const struct sockaddr_storage *ss)
         memcpy(p + 20, &s6->sin6_addr, 16);
         t->addr_len = 36;
     }
-    memcpy(p + 8, &inst, 8);
-    memcpy(p + 16, &id, 4);
+    tern__put_le64(p + 8, t->instance);
+    tern__put_le32(p + 16, t->base.self_id);
 }
 
 static tern_status_t parse_address(const void *buf, size_t len, struct sockaddr_storage *ss,
                                    socklen_t *sslen)
 {
     const uint8_t *p = buf;
-    uint32_t magic;
     if (len < 24)
         return tern__error(TERN_ERR_INVALID_PARAM, "tcp: address of %zu bytes is too short", len);
-    memcpy(&magic, p, 4);
-    if (le32toh(magic) != ADDR_MAGIC || p[4] != ADDR_VERSION)
+    if (tern__get_le32(p) != ADDR_MAGIC || p[4] != ADDR_VERSION)
         return tern__error(TERN_ERR_INVALID_PARAM,
                            "tcp: not a tcp provider address (another provider's, or another version)");
     memset(ss, 0, sizeof(*ss));
@@ -1189,10 +1180,8 @@ static tern_status_t tcp_ep_create(tern_transport_t *tp, uint32_t peer, const vo
         free(ep);
         return tern__error(TERN_ERR_NO_MEMORY, "tcp: no memory for an endpoint");
     }
-    uint32_t id = htole32(tp->self_id);
-    uint64_t inst = htole64(t->instance);
-    memcpy(r->small, &id, 4);
-    memcpy(r->small + 4, &inst, 8);
+    tern__put_le32(r->small, tp->self_id);
+    tern__put_le64(r->small + 4, t->instance);
     r->iov[1] = (struct iovec){r->small, 12};
     r->iovcnt = 2;
     enqueue(c, r);
@@ -1336,17 +1325,15 @@ static tern_status_t tcp_mr_pack(const tern_mr_t *base, void *buf, size_t *len)
 {
     const tcp_mr_t *mr = (const tcp_mr_t *)base;
     uint8_t *p = buf;
-    uint32_t magic = htole32(KEY_MAGIC), access = htole32(base->access);
-    uint64_t key = htole64(mr->key), addr = htole64((uintptr_t)base->addr), l = htole64(base->len);
     if (*len < KEY_SIZE) {
         *len = KEY_SIZE;
         return tern__error(TERN_ERR_TRUNCATED, "tcp: a key needs %d bytes", KEY_SIZE);
     }
-    memcpy(p, &magic, 4);
-    memcpy(p + 4, &access, 4);
-    memcpy(p + 8, &key, 8);
-    memcpy(p + 16, &addr, 8);
-    memcpy(p + 24, &l, 8);
+    tern__put_le32(p, KEY_MAGIC);
+    tern__put_le32(p + 4, base->access);
+    tern__put_le64(p + 8, mr->key);
+    tern__put_le64(p + 16, (uintptr_t)base->addr);
+    tern__put_le64(p + 24, base->len);
     *len = KEY_SIZE;
     return TERN_OK;
 }
@@ -1355,23 +1342,17 @@ static tern_status_t tcp_rkey_unpack(tern_ep_t *ep, const void *buf, size_t len,
                                      tern_rkey_t **rkey_out)
 {
     const uint8_t *p = buf;
-    uint32_t magic;
-    uint64_t key, addr, l;
     if (len != KEY_SIZE)
         return tern__error(TERN_ERR_INVALID_PARAM, "tcp: a key is %d bytes, not %zu", KEY_SIZE, len);
-    memcpy(&magic, p, 4);
-    if (le32toh(magic) != KEY_MAGIC)
+    if (tern__get_le32(p) != KEY_MAGIC)
         return tern__error(TERN_ERR_INVALID_PARAM, "tcp: not a tcp provider key");
-    memcpy(&key, p + 8, 8);
-    memcpy(&addr, p + 16, 8);
-    memcpy(&l, p + 24, 8);
     tcp_rkey_t *rk = calloc(1, sizeof(*rk));
     if (rk == NULL)
         return tern__error(TERN_ERR_NO_MEMORY, "tcp: no memory for a key");
     rk->base.ep = ep;
-    rk->base.addr = le64toh(addr);
-    rk->base.len = (size_t)le64toh(l);
-    rk->key = le64toh(key);
+    rk->base.addr = tern__get_le64(p + 16);
+    rk->base.len = (size_t)tern__get_le64(p + 24);
+    rk->key = tern__get_le64(p + 8);
     *rkey_out = &rk->base;
     return TERN_OK;
 }

@@ -74,6 +74,7 @@
 #include <tern/build_config.h>
 #include <tern/clock.h>
 
+#include "core/bytes.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "transport/provider.h"
@@ -165,45 +166,6 @@ static void link_del(link_t *l)
     l->prev->next = l->next;
     l->next->prev = l->prev;
     l->prev = l->next = l;
-}
-
-static void put_u16(uint8_t *p, uint16_t v)
-{
-    p[0] = (uint8_t)v;
-    p[1] = (uint8_t)(v >> 8);
-}
-
-static void put_u32(uint8_t *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static void put_u64(uint8_t *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint16_t get_u16(const uint8_t *p)
-{
-    return (uint16_t)(p[0] | (p[1] << 8));
-}
-
-static uint32_t get_u32(const uint8_t *p)
-{
-    uint32_t v = 0;
-    for (int i = 3; i >= 0; i--)
-        v = (v << 8) | p[i];
-    return v;
-}
-
-static uint64_t get_u64(const uint8_t *p)
-{
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--)
-        v = (v << 8) | p[i];
-    return v;
 }
 
 /* FNV-1a: catches a blob damaged on its way through the store before UCX,
@@ -601,12 +563,12 @@ static void msg_hdr_fill(ucx_op_t *op, uint8_t type, uint16_t flags, uint32_t im
     memset(h, 0, sizeof(op->hdr));
     h[0] = WIRE_VERSION;
     h[1] = type;
-    put_u16(h + 2, flags);
-    put_u32(h + 4, op->tp->base.self_id);
-    put_u32(h + 8, op->ep->conn);
-    put_u32(h + 12, op->ep->tx_seq);
-    put_u32(h + 16, imm);
-    put_u64(h + 24, len);
+    tern__put_le16(h + 2, flags);
+    tern__put_le32(h + 4, op->tp->base.self_id);
+    tern__put_le32(h + 8, op->ep->conn);
+    tern__put_le32(h + 12, op->ep->tx_seq);
+    tern__put_le32(h + 16, imm);
+    tern__put_le64(h + 24, len);
 }
 
 /* Post op's AM (header already filled, payload buf[0..len)). A message UCX
@@ -618,7 +580,7 @@ static ucs_status_ptr_t am_post(ucx_op_t *op, const void *buf, size_t len, uint3
     ucp_request_param_t p = op_param(op);
     ucs_status_ptr_t sp;
 
-    put_u32(op->hdr + 12, ep->tx_seq);
+    tern__put_le32(op->hdr + 12, ep->tx_seq);
     p.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMORY_TYPE;
     p.memory_type = mem_type;
     if (am_flags != 0) {
@@ -986,7 +948,7 @@ static void bye_apply(ucx_stream_t *s, const uint8_t *list, size_t n)
     }
     s->canceled = c;
     for (size_t i = 0; i < n; i++) {
-        uint32_t seq = get_u32(list + 4 * i);
+        uint32_t seq = tern__get_le32(list + 4 * i);
         ucx_entry_t *e = stream_lookup(s, seq);
         if (e != NULL)
             entry_abandon(e);
@@ -1013,7 +975,7 @@ static ucs_status_t am_cb(void *arg, const void *header, size_t header_length, v
                   header_length, header_length > 0 ? h[0] : 0);
         return UCS_OK;
     }
-    const uint32_t src = get_u32(h + 4), conn = get_u32(h + 8), seq = get_u32(h + 12);
+    const uint32_t src = tern__get_le32(h + 4), conn = tern__get_le32(h + 8), seq = tern__get_le32(h + 12);
     if ((s = stream_get(tp, src, conn)) == NULL) {
         tern_warn("ucx: no memory for a stream from peer %u: message dropped", src);
         return UCS_OK;
@@ -1034,11 +996,11 @@ static ucs_status_t am_cb(void *arg, const void *header, size_t header_length, v
     link_init(&e->link);
     e->tp = tp;
     e->type = h[1];
-    e->flags = get_u16(h + 2);
+    e->flags = tern__get_le16(h + 2);
     e->src = src;
     e->seq = seq;
-    e->imm = get_u32(h + 16);
-    e->len = get_u64(h + 24);
+    e->imm = tern__get_le32(h + 16);
+    e->len = tern__get_le64(h + 24);
     stream_insert(s, e);
 
     if (stream_canceled(s, seq)) {
@@ -1364,11 +1326,11 @@ static void notice_fill(uint8_t *d, uint8_t type, uint32_t src, uint32_t conn, u
 {
     d[0] = type;
     d[1] = WIRE_VERSION;
-    put_u16(d + 2, 0);
-    put_u32(d + 4, src);
-    put_u32(d + 8, conn);
-    put_u32(d + 12, seq);
-    put_u32(d + 16, n);
+    tern__put_le16(d + 2, 0);
+    tern__put_le32(d + 4, src);
+    tern__put_le32(d + 8, conn);
+    tern__put_le32(d + 12, seq);
+    tern__put_le32(d + 16, n);
 }
 
 /* Connect ep's notice channel to the peer's listener and say which endpoint it is. */
@@ -1412,7 +1374,7 @@ static void ep_notice_bye(ucx_ep_t *ep, const uint32_t *list, size_t n)
     }
     notice_fill(d, NOTICE_BYE, ep->tp->base.self_id, ep->conn, ep->tx_seq, (uint32_t)n);
     for (size_t i = 0; i < n; i++)
-        put_u32(d + NOTICE_HDR_LEN + 4 * i, list[i]);
+        tern__put_le32(d + NOTICE_HDR_LEN + 4 * i, list[i]);
     if (send(ep->nfd, d, len, MSG_NOSIGNAL | MSG_DONTWAIT) != (ssize_t)len)
         tern_debug("ucx: BYE to peer %u not sent on its notice channel: %s", ep->base.peer,
                    strerror(errno));
@@ -1468,18 +1430,18 @@ static int notice_conn_read(ucx_tp_t *tp, notice_conn_t *c)
             break; /* hung up */
         n++;
         if ((size_t)r < NOTICE_HDR_LEN || d[1] != WIRE_VERSION ||
-            (size_t)r != NOTICE_HDR_LEN + 4 * (size_t)get_u32(d + 16)) {
+            (size_t)r != NOTICE_HDR_LEN + 4 * (size_t)tern__get_le32(d + 16)) {
             tern_warn("ucx: malformed notice (%zd bytes) dropped", r);
             continue;
         }
         if (d[0] == NOTICE_HELLO && !c->hello) {
             c->hello = true;
-            c->src = get_u32(d + 4);
-            c->conn = get_u32(d + 8);
-        } else if (d[0] == NOTICE_BYE && c->hello && get_u32(d + 4) == c->src &&
-                   get_u32(d + 8) == c->conn) {
+            c->src = tern__get_le32(d + 4);
+            c->conn = tern__get_le32(d + 8);
+        } else if (d[0] == NOTICE_BYE && c->hello && tern__get_le32(d + 4) == c->src &&
+                   tern__get_le32(d + 8) == c->conn) {
             c->bye = true;
-            notice_bye(tp, c->src, c->conn, get_u32(d + 12), d + NOTICE_HDR_LEN, get_u32(d + 16));
+            notice_bye(tp, c->src, c->conn, tern__get_le32(d + 12), d + NOTICE_HDR_LEN, tern__get_le32(d + 16));
         } else {
             tern_warn("ucx: unexpected notice %u dropped", d[0]);
         }
@@ -1800,7 +1762,7 @@ static void eps_shutdown(ucx_tp_t *tp, ucx_ep_t **eps, size_t n)
                 uint8_t *payload = NULL;
                 if (nlist > 0 && (payload = malloc(4 * nlist)) != NULL)
                     for (size_t k = 0; k < nlist; k++)
-                        put_u32(payload + 4 * k, list[k]);
+                        tern__put_le32(payload + 4 * k, list[k]);
                 ep->bye = ctrl_post(ep, MSG_BYE, 0, 0, 0, payload, payload ? 4 * nlist : 0,
                                     UCP_AM_SEND_FLAG_EAGER);
             }
@@ -1871,24 +1833,24 @@ static tern_status_t ucx_ep_create(tern_transport_t *btp, uint32_t peer, const v
         return tern__error(TERN_ERR_INVALID_PARAM,
                            "ucx: address of %zu bytes is shorter than its %u-byte header", len,
                            ADDR_HDR_LEN);
-    if (get_u32(a) != ADDR_MAGIC)
+    if (tern__get_le32(a) != ADDR_MAGIC)
         return tern__error(TERN_ERR_INVALID_PARAM,
                            "ucx: not a ucx address (magic %#x; from another provider?)",
-                           get_u32(a));
-    if (get_u16(a + 4) != WIRE_VERSION || get_u16(a + 6) != ADDR_HDR_LEN)
+                           tern__get_le32(a));
+    if (tern__get_le16(a + 4) != WIRE_VERSION || tern__get_le16(a + 6) != ADDR_HDR_LEN)
         return tern__error(TERN_ERR_INVALID_PARAM,
                            "ucx: address version %u (header %u bytes); this tern speaks %u",
-                           get_u16(a + 4), get_u16(a + 6), WIRE_VERSION);
-    ulen = get_u32(a + 12);
+                           tern__get_le16(a + 4), tern__get_le16(a + 6), WIRE_VERSION);
+    ulen = tern__get_le32(a + 12);
     if (ulen == 0 || ulen != len - ADDR_HDR_LEN)
         return tern__error(TERN_ERR_INVALID_PARAM,
                            "ucx: address says %u bytes of UCX address, %zu follow (truncated?)",
                            ulen, len - ADDR_HDR_LEN);
-    if (addr_checksum(a, ulen) != get_u32(a + 16))
+    if (addr_checksum(a, ulen) != tern__get_le32(a + 16))
         return tern__error(TERN_ERR_INVALID_PARAM, "ucx: address checksum mismatch (damaged)");
-    if (get_u32(a + 8) != peer)
+    if (tern__get_le32(a + 8) != peer)
         return tern__error(TERN_ERR_INVALID_PARAM,
-                           "ucx: the address belongs to peer %u, not peer %u", get_u32(a + 8),
+                           "ucx: the address belongs to peer %u, not peer %u", tern__get_le32(a + 8),
                            peer);
 
     if ((ep = calloc(1, sizeof(*ep))) == NULL || (uaddr = malloc(ulen)) == NULL) {
@@ -1940,8 +1902,8 @@ static tern_status_t ucx_ep_create(tern_transport_t *btp, uint32_t peer, const v
                           "ucx: ucp_ep_create to peer %u: %s", peer, ucs_status_string(st));
         goto out;
     }
-    if (!ep->peer_mode && (get_u32(a + 20) & ADDR_F_NOTICE))
-        ep_notice_connect(ep, get_u32(a + 24), get_u64(a + 32));
+    if (!ep->peer_mode && (tern__get_le32(a + 20) & ADDR_F_NOTICE))
+        ep_notice_connect(ep, tern__get_le32(a + 24), tern__get_le64(a + 32));
     link_add_tail(&tp->eps, &ep->link);
     *ep_out = &ep->base;
     tern_debug("ucx: endpoint to peer %u (%s error handling)", peer, ep->peer_mode ? "peer" : "no");
@@ -2197,17 +2159,17 @@ static tern_status_t ucx_mr_pack(const tern_mr_t *bmr, void *buf, size_t *len)
         return tern__error(TERN_ERR_TRUNCATED,
                            "tern_mr_pack: the key needs %zu bytes, buffer has %zu", need, have);
     }
-    put_u32(b, RKEY_MAGIC);
-    put_u16(b + 4, WIRE_VERSION);
-    put_u16(b + 6, RKEY_HDR_LEN);
-    put_u64(b + 8, (uint64_t)(uintptr_t)mr->base.addr);
-    put_u64(b + 16, mr->base.len);
-    put_u32(b + 24, mr->base.access);
-    put_u32(b + 28, mr->id);
-    put_u32(b + 32, (uint32_t)mr->rkey_len);
+    tern__put_le32(b, RKEY_MAGIC);
+    tern__put_le16(b + 4, WIRE_VERSION);
+    tern__put_le16(b + 6, RKEY_HDR_LEN);
+    tern__put_le64(b + 8, (uint64_t)(uintptr_t)mr->base.addr);
+    tern__put_le64(b + 16, mr->base.len);
+    tern__put_le32(b + 24, mr->base.access);
+    tern__put_le32(b + 28, mr->id);
+    tern__put_le32(b + 32, (uint32_t)mr->rkey_len);
     if (mr->rkey_len > 0)
         memcpy(b + RKEY_HDR_LEN, mr->rkey_buf, mr->rkey_len);
-    put_u32(b + 36, fnv1a(fnv1a(FNV_SEED, b, 36), b + RKEY_HDR_LEN, mr->rkey_len));
+    tern__put_le32(b + 36, fnv1a(fnv1a(FNV_SEED, b, 36), b + RKEY_HDR_LEN, mr->rkey_len));
     *len = need;
     return TERN_OK;
 }
@@ -2227,23 +2189,23 @@ static tern_status_t ucx_rkey_unpack(tern_ep_t *bep, const void *buf, size_t len
         return tern__error(TERN_ERR_INVALID_PARAM,
                            "ucx: remote key of %zu bytes is shorter than its %u-byte header", len,
                            RKEY_HDR_LEN);
-    if (get_u32(b) != RKEY_MAGIC)
+    if (tern__get_le32(b) != RKEY_MAGIC)
         return tern__error(TERN_ERR_INVALID_PARAM,
                            "ucx: not a ucx remote key (magic %#x; from another provider?)",
-                           get_u32(b));
-    if (get_u16(b + 4) != WIRE_VERSION || get_u16(b + 6) != RKEY_HDR_LEN)
+                           tern__get_le32(b));
+    if (tern__get_le16(b + 4) != WIRE_VERSION || tern__get_le16(b + 6) != RKEY_HDR_LEN)
         return tern__error(TERN_ERR_INVALID_PARAM,
-                           "ucx: remote key version %u; this tern speaks %u", get_u16(b + 4),
+                           "ucx: remote key version %u; this tern speaks %u", tern__get_le16(b + 4),
                            WIRE_VERSION);
-    base = get_u64(b + 8);
-    rlen = get_u64(b + 16);
-    access = get_u32(b + 24);
-    ulen = get_u32(b + 32);
+    base = tern__get_le64(b + 8);
+    rlen = tern__get_le64(b + 16);
+    access = tern__get_le32(b + 24);
+    ulen = tern__get_le32(b + 32);
     if (ulen != len - RKEY_HDR_LEN)
         return tern__error(TERN_ERR_INVALID_PARAM,
                            "ucx: remote key says %u bytes of UCX key, %zu follow (truncated?)",
                            ulen, len - RKEY_HDR_LEN);
-    if (fnv1a(fnv1a(FNV_SEED, b, 36), b + RKEY_HDR_LEN, ulen) != get_u32(b + 36))
+    if (fnv1a(fnv1a(FNV_SEED, b, 36), b + RKEY_HDR_LEN, ulen) != tern__get_le32(b + 36))
         return tern__error(TERN_ERR_INVALID_PARAM, "ucx: remote key checksum mismatch (damaged)");
     if ((access & ~all) != 0 || access == 0 || base > UINT64_MAX - rlen ||
         (uint64_t)(size_t)rlen != rlen || (rlen == 0) != (ulen == 0))
@@ -2268,7 +2230,7 @@ static tern_status_t ucx_rkey_unpack(tern_ep_t *bep, const void *buf, size_t len
     rk->base.addr = base;
     rk->base.len = (size_t)rlen;
     rk->access = access;
-    rk->reg_id = get_u32(b + 28);
+    rk->reg_id = tern__get_le32(b + 28);
     link_add_tail(&ep->rkeys, &rk->link);
     *rkey_out = &rk->base;
     return TERN_OK;
@@ -2541,17 +2503,17 @@ static tern_status_t ucx_open(const tern__tp_config_t *cfg, tern_transport_t **t
     tp->notice_key = ((uint64_t)tp->conn_nonce << 32) ^ (tern_clock_ns() * 0x9e3779b97f4a7c15ull);
     notice_listen(tp);
 
-    put_u32(tp->addr, ADDR_MAGIC);
-    put_u16(tp->addr + 4, WIRE_VERSION);
-    put_u16(tp->addr + 6, ADDR_HDR_LEN);
-    put_u32(tp->addr + 8, cfg->self_id);
-    put_u32(tp->addr + 12, (uint32_t)wattr.address_length);
-    put_u32(tp->addr + 20, tp->lfd >= 0 ? ADDR_F_NOTICE : 0);
-    put_u32(tp->addr + 24, (uint32_t)getpid());
-    put_u32(tp->addr + 28, 0);
-    put_u64(tp->addr + 32, tp->notice_key);
+    tern__put_le32(tp->addr, ADDR_MAGIC);
+    tern__put_le16(tp->addr + 4, WIRE_VERSION);
+    tern__put_le16(tp->addr + 6, ADDR_HDR_LEN);
+    tern__put_le32(tp->addr + 8, cfg->self_id);
+    tern__put_le32(tp->addr + 12, (uint32_t)wattr.address_length);
+    tern__put_le32(tp->addr + 20, tp->lfd >= 0 ? ADDR_F_NOTICE : 0);
+    tern__put_le32(tp->addr + 24, (uint32_t)getpid());
+    tern__put_le32(tp->addr + 28, 0);
+    tern__put_le64(tp->addr + 32, tp->notice_key);
     memcpy(tp->addr + ADDR_HDR_LEN, wattr.address, wattr.address_length);
-    put_u32(tp->addr + 16, addr_checksum(tp->addr, wattr.address_length));
+    tern__put_le32(tp->addr + 16, addr_checksum(tp->addr, wattr.address_length));
     ucp_worker_release_address(tp->worker, wattr.address);
 
     describe_device(tp, config);
