@@ -348,6 +348,25 @@ tern_status_t tern_env_check(void)
     return tern__config_load(&cfg);
 }
 
+const char *tern__config_enum_value(const char *name, int64_t idx, size_t *len)
+{
+    for (size_t i = 0; i < NFIELDS; i++) {
+        const char *p = fields[i].values;
+        if (fields[i].type != FIELD_ENUM || strcmp(fields[i].name, name) != 0)
+            continue;
+        for (int64_t k = 0; *p != '\0'; k++) {
+            size_t n = strcspn(p, "|");
+            if (k == idx) {
+                *len = n;
+                return p;
+            }
+            p += n + (p[n] == '|');
+        }
+    }
+    *len = 1;
+    return "?";
+}
+
 static const char *type_name(const field_t *f)
 {
     switch (f->type) {

@@ -64,6 +64,14 @@ typedef const char *(*tern__env_lookup_fn)(const char *name, void *arg);
 tern_status_t tern__config_load(tern__config_t *cfg);
 tern_status_t tern__config_load_from(tern__config_t *cfg, tern__env_lookup_fn lookup, void *arg);
 
+/*
+ * The text of value idx of an enumerated variable, as its table row spells it
+ * ("tcp" for TERN_TRANSPORT's 3); "?" for an unknown variable or index.
+ * The returned string is not NUL-terminated at the value's end: *len says how
+ * long it is.
+ */
+const char *tern__config_enum_value(const char *name, int64_t idx, size_t *len);
+
 /* Typed parsers (exposed for tests). Each rejects empty input and trailing junk. */
 tern_status_t tern__parse_int(const char *s, int64_t min, int64_t max, int64_t *out);
 tern_status_t tern__parse_bool(const char *s, bool *out);

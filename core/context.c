@@ -1,8 +1,8 @@
 /*
- * tern_init / tern_finalize: the bootstrap. Order of business: configuration,
- * rank and world size (params, then each launcher's variables), the store (rank 0
- * serves it), local rank discovery, the worker pool, then a barrier so that init
- * returns on no rank before every rank has joined.
+ * The bootstrap under tern_init() (which lives in p2p/runtime.c, above the
+ * transport it opens): configuration, rank and world size (params, then each
+ * launcher's variables), the store (rank 0 serves it), local rank discovery
+ * and the worker pool; and the teardown under tern_finalize().
  */
 #include <errno.h>
 #include <inttypes.h>

@@ -22,7 +22,6 @@ static void show(tern_log_level_t level, int rank, const char *msg, void *arg)
 
 int main(void)
 {
-    static const char *const names[] = {"auto", "verbs", "ucx", "tcp"}; /* the env table's order */
     tern__config_t cfg;
     tern_transport_t *t = NULL;
     tern_transport_attr_t attr;
@@ -35,7 +34,9 @@ int main(void)
         .field_mask = TERN_TRANSPORT_PARAM_PEER_HINT,
         .peer_hint = cfg.tern_master_addr[0] ? cfg.tern_master_addr : cfg.master_addr,
     };
-    printf("transport (TERN_TRANSPORT=%s):\n", names[cfg.transport & 3]);
+    size_t n;
+    const char *name = tern__config_enum_value("TERN_TRANSPORT", cfg.transport, &n);
+    printf("transport (TERN_TRANSPORT=%.*s):\n", (int)n, name);
     fflush(stdout);
     tern_log_set_sink(show, NULL);
     tern_log_set_level(TERN_LOG_INFO);

@@ -29,8 +29,6 @@ static const struct {
 };
 #define NPROVIDERS (sizeof(providers) / sizeof(providers[0]))
 
-static const char *const transport_names[] = {"auto", "verbs", "ucx", "tcp"};
-
 /* A table with a missing op is a programming error caught at open, not a crash
  * on first use. */
 static bool ops_complete(const tern__tp_ops_t *o)
@@ -82,8 +80,11 @@ tern_status_t tern_transport_open(const tern_transport_params_t *params,
     *tp_out = NULL;
     if ((st = tern__config_load(&env)) != TERN_OK)
         return st;
-    want = (m & TERN_TRANSPORT_PARAM_PROVIDER) && params->provider ? params->provider
-                                                                    : transport_names[env.transport];
+    char from_env[16];
+    size_t n;
+    const char *v = tern__config_enum_value("TERN_TRANSPORT", env.transport, &n);
+    snprintf(from_env, sizeof(from_env), "%.*s", (int)n, v);
+    want = (m & TERN_TRANSPORT_PARAM_PROVIDER) && params->provider ? params->provider : from_env;
     cfg.self_id = (m & TERN_TRANSPORT_PARAM_SELF_ID) ? params->self_id : 0;
     if (m & TERN_TRANSPORT_PARAM_EVENT) {
         cfg.on_event = params->on_event;

@@ -176,6 +176,25 @@ static void test_print_table(void **state)
     assert_int_equal(tern_env_print(NULL, TERN_ENV_FORMAT_TEXT), TERN_ERR_INVALID_PARAM);
 }
 
+static void test_enum_value_names(void **state)
+{
+    size_t n;
+    const char *v;
+    (void)state;
+    v = tern__config_enum_value("TERN_TRANSPORT", 3, &n);
+    assert_int_equal(n, 3);
+    assert_memory_equal(v, "tcp", 3);
+    v = tern__config_enum_value("TERN_TRANSPORT", 0, &n);
+    assert_int_equal(n, 4);
+    assert_memory_equal(v, "auto", 4);
+    v = tern__config_enum_value("TERN_LOG", 4, &n);
+    assert_int_equal(n, 5);
+    assert_memory_equal(v, "trace", 5);
+    assert_string_equal(tern__config_enum_value("TERN_LOG", 5, &n), "?");
+    assert_string_equal(tern__config_enum_value("TERN_THREADS", 0, &n), "?"); /* not an enum */
+    assert_string_equal(tern__config_enum_value("NO_SUCH", 0, &n), "?");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -183,6 +202,7 @@ int main(void)
         cmocka_unit_test(test_bad_values),   cmocka_unit_test(test_empty_is_unset),
         cmocka_unit_test(test_parsers),      cmocka_unit_test(test_real_environment),
         cmocka_unit_test(test_print_table),
+        cmocka_unit_test(test_enum_value_names),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
