@@ -328,6 +328,16 @@ static void region_free(region_t *r)
     free(r->mem);
 }
 
+/* The outcome of a posted operation counted by c: at once, or after pumping
+ * until its callback ran. */
+static tern_status_t finish(pair_t *p, tern_status_t st, counter_t *c, const char *what)
+{
+    if (st != TERN_INPROGRESS)
+        return st;
+    PUMP_UNTIL(p, c->done == 1, what);
+    return c->last;
+}
+
 static tern_status_t put_wait(pair_t *p, side_t *from, region_t *local, size_t loff, region_t *remote,
                               size_t roff, size_t len, int with_imm, uint32_t imm)
 {
@@ -339,14 +349,9 @@ static tern_status_t put_wait(pair_t *p, side_t *from, region_t *local, size_t l
         op.field_mask |= TERN_OP_PARAM_IMM;
         op.imm = imm;
     }
-    tern_status_t st = tern_ep_put(from->ep, local->mem + loff, len,
-                                   tern_rkey_addr(remote->rkey) + roff, remote->rkey, &op);
-    if (st == TERN_OK)
-        return TERN_OK;
-    if (st != TERN_INPROGRESS)
-        return st;
-    PUMP_UNTIL(p, c.done == 1, "a put");
-    return c.last;
+    return finish(p, tern_ep_put(from->ep, local->mem + loff, len,
+                                 tern_rkey_addr(remote->rkey) + roff, remote->rkey, &op),
+                  &c, "a put");
 }
 
 static tern_status_t get_wait(pair_t *p, side_t *from, region_t *local, size_t loff, region_t *remote,
@@ -356,14 +361,9 @@ static tern_status_t get_wait(pair_t *p, side_t *from, region_t *local, size_t l
     tern_op_params_t op = cb_params(&c);
     op.field_mask |= TERN_OP_PARAM_MR;
     op.mr = local->mr;
-    tern_status_t st = tern_ep_get(from->ep, local->mem + loff, len,
-                                   tern_rkey_addr(remote->rkey) + roff, remote->rkey, &op);
-    if (st == TERN_OK)
-        return TERN_OK;
-    if (st != TERN_INPROGRESS)
-        return st;
-    PUMP_UNTIL(p, c.done == 1, "a get");
-    return c.last;
+    return finish(p, tern_ep_get(from->ep, local->mem + loff, len,
+                                 tern_rkey_addr(remote->rkey) + roff, remote->rkey, &op),
+                  &c, "a get");
 }
 
 #define RW (TERN_ACCESS_LOCAL | TERN_ACCESS_REMOTE_READ | TERN_ACCESS_REMOTE_WRITE)
@@ -505,12 +505,9 @@ static void test_bad_keys_rejected(void **state)
         op.field_mask |= TERN_OP_PARAM_MR;
         op.mr = local.mr;
         unsigned e = p->b.nerror;
-        tern_status_t st = tern_ep_put(p->a.ep, local.mem, 16, tern_rkey_addr(remote.rkey) - 16,
-                                       remote.rkey, &op);
-        if (st == TERN_INPROGRESS) {
-            PUMP_UNTIL(p, c.done == 1, "a put before the start");
-            st = c.last;
-        }
+        tern_status_t st = finish(p, tern_ep_put(p->a.ep, local.mem, 16,
+                                                 tern_rkey_addr(remote.rkey) - 16, remote.rkey, &op),
+                                  &c, "a put before the start");
         expect_refused(p, st, e, "put before the start");
     }
     /* Nothing landed anywhere. */
