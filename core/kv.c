@@ -6,11 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* uthash exits the process on allocation failure unless told otherwise. */
-static _Thread_local bool kv_oom;
-#define HASH_NONFATAL_OOM 1
-#define uthash_nonfatal_oom(elt) (kv_oom = true)
-#include <uthash.h>
+#include "core/hash.h"
 
 #include "core/error.h"
 #include "core/kv.h"
@@ -78,9 +74,9 @@ tern_status_t tern__kv_set(tern__kv_t *kv, const char *key, const void *value, s
             free(copy);
             return tern__error(TERN_ERR_NO_MEMORY, "store: no memory for key '%s'", key);
         }
-        kv_oom = false;
+        tern__hash_oom = false;
         HASH_ADD_KEYPTR(hh, kv->map, e->key, strlen(e->key), e);
-        if (kv_oom) {
+        if (tern__hash_oom) {
             free(e->key);
             free(e);
             free(copy);

@@ -36,11 +36,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
-/* uthash exits the process on allocation failure unless told otherwise. */
-static _Thread_local bool kv_oom;
-#define HASH_NONFATAL_OOM 1
-#define uthash_nonfatal_oom(elt) (kv_oom = true)
-#include <uthash.h>
+#include "core/hash.h"
 
 #include "core/bytes.h"
 #include "core/error.h"
@@ -1299,9 +1295,9 @@ static tern_status_t tcp_mr_reg(tern_transport_t *tp, void *addr, size_t len,
         return tern__error(TERN_ERR_NO_MEMORY, "tcp: no memory for a registration");
     /* Keys never repeat within a transport, so a revoked key stays revoked. */
     mr->key = t->next_key++;
-    kv_oom = false;
+    tern__hash_oom = false;
     HASH_ADD(hh, t->keys, key, sizeof(mr->key), mr);
-    if (kv_oom) {
+    if (tern__hash_oom) {
         free(mr);
         return tern__error(TERN_ERR_NO_MEMORY, "tcp: no memory to index a registration");
     }
