@@ -234,7 +234,7 @@ tern_status_t tern__parse_duration(const char *s, int64_t *ns)
         {"ns", 1},           {"us", 1000},         {"ms", 1000000},
         {"s", 1000000000ull}, {"m", 60000000000ull}, {"h", 3600000000000ull},
     };
-    uint64_t v;
+    uint64_t v = 0; /* gcc -O3 cannot see that parse_scaled sets it whenever it returns TERN_OK */
     tern_status_t st = parse_scaled(s, units, sizeof(units) / sizeof(units[0]), 1000000000ull,
                                     "duration (e.g. 500ms, 30s, 5m)", &v);
     if (st != TERN_OK)

@@ -368,6 +368,111 @@ static tern_status_t get_wait(pair_t *p, side_t *from, region_t *local, size_t l
 
 #define RW (TERN_ACCESS_LOCAL | TERN_ACCESS_REMOTE_READ | TERN_ACCESS_REMOTE_WRITE)
 
+/* Both sides send before either has progressed (their endpoints were made at
+ * once, so a provider may have to settle which connection to keep), and go on
+ * sending while it does: every message arrives, in order, both ways. */
+static size_t order_len(unsigned i, unsigned salt)
+{
+    return 1 + (i * 7919u + salt) % 60000u;
+}
+
+static void test_ordering_while_connecting(void **state)
+{
+    pair_t *p = *state;
+    /* The first third (about 15 MB each way) is more than the sockets of a
+     * stream provider hold, so some of it is still queued when the rest goes. */
+    enum { N = 1500, SLOTS = 16, LEN = 60001 };
+    static uint8_t bufs[SLOTS][LEN];
+    counter_t ca = {0}, cb = {0};
+    tern_op_params_t opa = cb_params(&ca), opb = cb_params(&cb);
+    for (unsigned k = 0; k < SLOTS; k++)
+        fill(bufs[k], LEN, (uint8_t)k);
+    for (unsigned i = 0; i < N; i++) {
+        uint32_t imm = tern_imm_make(TERN_IMM_P2P_EAGER, 0, 0, i % SLOTS);
+        posted(tern_ep_send(p->a.ep, imm, bufs[i % SLOTS], order_len(i, 1), &opa), &ca);
+        posted(tern_ep_send(p->b.ep, imm, bufs[i % SLOTS], order_len(i, 2), &opb), &cb);
+        if (i >= N / 3)
+            progress_both(p);
+    }
+    PUMP_UNTIL(p, ca.done == N && cb.done == N && p->a.nrecv == N && p->b.nrecv == N,
+               "sends both ways");
+    assert_int_equal(ca.failed + cb.failed, 0);
+    for (unsigned i = 0; i < N; i++) {
+        if (tern_imm_slot(p->b.recv_imm[i]) != i % SLOTS || p->b.recv_len[i] != order_len(i, 1) ||
+            !p->b.recv_ok[i])
+            fail_msg("a->b message %u out of order or corrupted", i);
+        if (tern_imm_slot(p->a.recv_imm[i]) != i % SLOTS || p->a.recv_len[i] != order_len(i, 2) ||
+            !p->a.recv_ok[i])
+            fail_msg("b->a message %u out of order or corrupted", i);
+    }
+    assert_int_equal(p->a.nerror + p->b.nerror, 0);
+}
+
+/* Only one side has an endpoint at first; the other makes its own after
+ * traffic has flowed (a provider may reuse the first side's connection). Both
+ * directions then work, in order, sends and RMA alike. */
+static int setup_one_way(void **state)
+{
+    pair_t *p = calloc(1, sizeof(*p));
+    uint8_t addr[TERN_ADDR_MAX];
+    size_t len = sizeof(addr);
+    open_side(&p->a, 0);
+    open_side(&p->b, 1);
+    assert_int_equal(tern_transport_address(p->b.tp, addr, &len), TERN_OK);
+    assert_int_equal(tern_ep_create(p->a.tp, 1, addr, len, &p->a.ep), TERN_OK);
+    *state = p;
+    return 0;
+}
+
+static void test_endpoint_made_later(void **state)
+{
+    pair_t *p = *state;
+    enum { N = 200 };
+    uint8_t addr[TERN_ADDR_MAX], buf[64];
+    size_t len = sizeof(addr);
+    counter_t c = {0};
+    tern_op_params_t op = cb_params(&c);
+    fill(buf, sizeof(buf), 3);
+    for (unsigned i = 0; i < N; i++)
+        posted(tern_ep_send(p->a.ep, tern_imm_make(TERN_IMM_P2P_EAGER, 0, 0, 3), buf, i % 64, &op), &c);
+    PUMP_UNTIL(p, c.done == N && p->b.nrecv == N, "the first side's sends");
+    assert_int_equal(tern_transport_address(p->a.tp, addr, &len), TERN_OK);
+    assert_int_equal(tern_ep_create(p->b.tp, 0, addr, len, &p->b.ep), TERN_OK);
+    /* Replies, interleaved with more from the first side. */
+    c = (counter_t){0};
+    for (unsigned i = 0; i < N; i++) {
+        posted(tern_ep_send(p->b.ep, tern_imm_make(TERN_IMM_P2P_EAGER, 0, 0, 3), buf, i % 64, &op), &c);
+        posted(tern_ep_send(p->a.ep, tern_imm_make(TERN_IMM_P2P_EAGER, 0, 0, 3), buf, 63 - i % 64, &op), &c);
+        progress_both(p);
+    }
+    PUMP_UNTIL(p, c.done == 2 * N && p->a.nrecv == N && p->b.nrecv == 2 * N, "sends both ways");
+    for (unsigned i = 0; i < N; i++) {
+        assert_int_equal(p->a.recv_len[i], i % 64);
+        assert_int_equal(p->b.recv_len[N + i], 63 - i % 64);
+        assert_true(p->a.recv_ok[i] && p->b.recv_ok[N + i]);
+    }
+    /* RMA from the late side into the first, and back. */
+    region_t local, remote;
+    region_make(p, &remote, 4096, RW, 0);                      /* a's memory, b's key */
+    uint8_t key[TERN_RKEY_MAX];
+    size_t klen = sizeof(key);
+    tern_mr_params_t mp = {.field_mask = TERN_MR_PARAM_ACCESS, .access = RW};
+    local.len = 4096;
+    local.mem = malloc(4096);
+    local.rkey = NULL;
+    assert_int_equal(tern_mr_reg(p->b.tp, local.mem, 4096, &mp, &local.mr), TERN_OK);
+    assert_int_equal(tern_mr_pack(local.mr, key, &klen), TERN_OK);
+    fill(local.mem, 4096, 11);
+    assert_int_equal(put_wait(p, &p->b, &local, 0, &remote, 0, 4096, 0, 0), TERN_OK);
+    assert_true(check(remote.mem, 4096, 11));
+    fill(remote.mem, 4096, 12);
+    assert_int_equal(get_wait(p, &p->b, &local, 0, &remote, 0, 4096), TERN_OK);
+    assert_true(check(local.mem, 4096, 12));
+    assert_int_equal(p->a.nerror + p->b.nerror, 0);
+    region_free(&remote);
+    region_free(&local);
+}
+
 static void test_put_get_every_size(void **state)
 {
     pair_t *p = *state;
@@ -685,6 +790,8 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_send_sizes_and_immediates, setup, teardown),
         cmocka_unit_test_setup_teardown(test_send_ordering_many_outstanding, setup, teardown),
         cmocka_unit_test_setup_teardown(test_send_both_directions, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_ordering_while_connecting, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_endpoint_made_later, setup_one_way, teardown),
         cmocka_unit_test_setup_teardown(test_put_get_every_size, setup, teardown),
         cmocka_unit_test_setup_teardown(test_put_with_immediate, setup, teardown),
         cmocka_unit_test_setup_teardown(test_many_outstanding_rma, setup, teardown),

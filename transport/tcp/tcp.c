@@ -1,12 +1,20 @@
 /*
  * The tcp provider: RDMA reliable-connection semantics emulated over TCP.
  *
- * Each endpoint opens one connection to its peer and sends its own requests
- * (SEND, PUT, GET) on it; the replies (PUT_ACK, GET_DATA) come back on the same
- * socket, in request order, because the target handles one connection's
- * requests in order. The peer's requests arrive on the connection it opened to
- * us (accepted on our listening socket), so there is no tie-breaking between
- * two sides connecting at once.
+ * Two peers share one connection, used both ways, as an RC queue pair is:
+ * each side's requests (SEND, PUT, GET) and its replies to the other's
+ * (PUT_ACK, GET_DATA) go on the same socket, replies in request order because
+ * a side handles one connection's requests in order. Sharing is what makes a
+ * ping-pong fast over TCP: the reply carries the ACK of the request, where two
+ * one-way connections cost a separate ACK segment on every message.
+ *
+ * An endpoint adopts the connection its peer already opened (HELLO seen) and
+ * opens one only when there is none. When both sides open one at once, the
+ * connection opened by the lower id wins: the higher side sends SWITCH as the
+ * last frame of its own connection and holds (plugs) what it sends on the
+ * winner until the lower side answers SWITCH_ACK, which it does only after
+ * handling everything before the SWITCH. So no frame overtakes another, and
+ * then the losing connection is closed.
  *
  * Data moves without extra copies where it is large: payloads are written with
  * writev straight from the user's buffer (or, for GET_DATA, from the registered
@@ -60,7 +68,9 @@ enum frame_type {
     F_PUT = 4,     /* op_id, key, raddr, size, flags(IMM), imm, payload = size bytes */
     F_PUT_ACK = 5, /* op_id, status */
     F_GET = 6,     /* op_id, key, raddr, size */
-    F_GET_DATA = 7 /* op_id, status, payload = size bytes when status is OK */
+    F_GET_DATA = 7, /* op_id, status, payload = size bytes when status is OK */
+    F_SWITCH = 8,   /* the last frame of a losing connection (see above) */
+    F_SWITCH_ACK = 9 /* everything before the SWITCH is handled */
 };
 #define FLAG_IMM 1u
 
@@ -124,14 +134,18 @@ typedef enum rx_state { RX_HDR, RX_PAYLOAD } rx_state_t;
 typedef struct conn {
     struct conn *next;
     struct tcp_tp *tp;
-    struct tcp_ep *ep; /* outgoing: its endpoint; incoming: NULL */
+    struct tcp_ep *ep; /* the endpoint using it; NULL until one adopts it, or once retired */
     int fd;
     conn_state_t state;
-    bool incoming;
+    bool incoming;  /* accepted, not dialed */
     bool hello_seen;
     bool bye_seen;
     bool want_out;
-    uint32_t peer; /* incoming: from HELLO */
+    bool retired;  /* a losing connection: never adopted, closed once drained */
+    bool plugged;  /* the winner at the switching side: nothing sent until SWITCH_ACK */
+    struct conn *successor; /* retired at the switching side: the winner it plugs */
+    uint32_t peer; /* outgoing: the endpoint's peer; incoming: from HELLO */
+    uint64_t peer_instance; /* incoming: from HELLO */
     /* transmit */
     txreq_t *tx_head, *tx_tail;
     txreq_t *pend_head, *pend_tail; /* puts and gets awaiting their reply, in order */
@@ -156,6 +170,7 @@ typedef struct tcp_ep {
     tern_ep_t base;
     struct tcp_ep *next;
     conn_t *conn;
+    uint64_t peer_instance; /* from the address: which incarnation of the peer */
     tern_status_t failed; /* sticky once the connection is lost */
 } tcp_ep_t;
 
@@ -251,6 +266,7 @@ static tern_status_t check_remote(tcp_tp_t *t, uint64_t key, uint64_t raddr, uin
 /* ---- sending ---- */
 
 static void conn_fail(conn_t *c, tern_status_t why);
+static void send_bye(conn_t *c);
 
 /* writev without SIGPIPE: a peer that went away must be an error, not the end
  * of the process. */
@@ -293,6 +309,8 @@ static bool flush_tx(conn_t *c)
 {
     if (c->state != C_OPEN)
         return c->state != C_DEAD;
+    if (c->plugged)
+        return true;
     while (c->tx_head != NULL) {
         txreq_t *r = c->tx_head;
         ssize_t n = send_iov(c->fd, r->iov, r->iovcnt);
@@ -355,7 +373,7 @@ static void enqueue(conn_t *c, txreq_t *r)
 static tern_status_t post(conn_t *c, const frame_t *f, const void *payload, size_t len,
                           const tern_op_params_t *params, txreq_t **req_out)
 {
-    if (f->type == F_SEND && c->state == C_OPEN && c->tx_head == NULL) {
+    if (f->type == F_SEND && c->state == C_OPEN && c->tx_head == NULL && !c->plugged) {
         uint8_t hdr[HDR_SIZE];
         struct iovec iov[2] = {{hdr, HDR_SIZE}, {(void *)payload, len}};
         frame_encode(f, hdr);
@@ -366,9 +384,10 @@ static tern_status_t post(conn_t *c, const frame_t *f, const void *payload, size
         if (n == (ssize_t)(HDR_SIZE + len))
             return TERN_OK;
         if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
+            int err = errno;
             conn_fail(c, TERN_ERR_PEER_LOST);
-            return tern__error(TERN_ERR_PEER_LOST, "tcp: send to peer %u failed: %s", c->ep->base.peer,
-                               strerror(errno));
+            return tern__error(TERN_ERR_PEER_LOST, "tcp: send to peer %u failed: %s", c->peer,
+                               strerror(err));
         }
         /* Partly written: queue the rest, keeping the stream in step. */
         txreq_t *r = txreq_new(f, payload, len);
@@ -409,7 +428,7 @@ static void free_txq(txreq_t *r, tern_status_t st, tcp_tp_t *t)
         txreq_t *next = r->next;
         if (r->type == F_GET_DATA)
             mr_unpin(t, r->pin);
-        else if (r->type != F_HELLO && r->type != F_BYE && r->type != F_PUT_ACK)
+        else if (r->type == F_SEND || r->type == F_PUT || r->type == F_GET)
             tern__comp_call(&r->comp, st);
         free(r);
         r = next;
@@ -435,13 +454,18 @@ static void conn_fail(conn_t *c, tern_status_t why)
         mr_unpin(t, c->cur_mr);
         c->cur_mr = NULL;
     }
-    uint32_t peer = c->ep != NULL ? c->ep->base.peer : c->peer;
     /* CANCELED is our own teardown or the peer's goodbye: nothing to report. */
     bool tell = why != TERN_ERR_CANCELED && (c->ep != NULL || c->hello_seen);
     if (tell) {
-        tern_debug("tcp: connection %s peer %u lost (%s)", c->incoming ? "from" : "to", peer,
+        tern_debug("tcp: connection %s peer %u lost (%s)", c->incoming ? "from" : "to", c->peer,
                    tern_strerror(why));
-        event(t, TERN_EVENT_ERROR, peer, 0, NULL, 0, why);
+        event(t, TERN_EVENT_ERROR, c->peer, 0, NULL, 0, why);
+    }
+    /* The winner waits for this one's SWITCH_ACK, which will never come. */
+    if (c->successor != NULL && c->successor->plugged) {
+        conn_t *next = c->successor;
+        c->successor = NULL;
+        conn_fail(next, why);
     }
 }
 
@@ -449,13 +473,16 @@ static void conn_free(conn_t *c)
 {
     if (c->state != C_DEAD)
         conn_fail(c, TERN_ERR_CANCELED);
+    for (conn_t *o = c->tp->conns; o != NULL; o = o->next)
+        if (o->successor == c)
+            o->successor = NULL;
     close(c->fd);
     free(c->rxbuf);
     free(c->big);
     free(c);
 }
 
-/* Unlink and free dead incoming connections (outgoing ones die with their ep). */
+/* Unlink and free dead connections no endpoint owns (an owned one dies with its ep). */
 static void conn_reap(tcp_tp_t *t)
 {
     conn_t **pp = &t->conns;
@@ -598,6 +625,59 @@ static txreq_t *pop_pending(conn_t *c, uint8_t want_type)
     return r;
 }
 
+/* ---- one connection per pair (see the file comment) ---- */
+
+static tcp_ep_t *ep_of_peer(tcp_tp_t *t, uint32_t peer)
+{
+    for (tcp_ep_t *ep = t->eps; ep != NULL; ep = ep->next)
+        if (ep->base.peer == peer)
+            return ep;
+    return NULL;
+}
+
+/*
+ * A HELLO arrived on incoming c. If we opened a connection to the same peer at
+ * the same time and the peer's id is lower, its connection wins: retire ours
+ * behind a SWITCH and plug c until the answer.
+ */
+static void hello_arrived(conn_t *c)
+{
+    tcp_tp_t *t = c->tp;
+    tcp_ep_t *ep = ep_of_peer(t, c->peer);
+    if (ep == NULL || c->peer >= t->base.self_id || ep->conn == c || ep->conn->incoming ||
+        ep->conn->state == C_DEAD || ep->peer_instance != c->peer_instance)
+        return; /* no crossing, or ours wins and the peer switches */
+    conn_t *old = ep->conn;
+    frame_t f = {.type = F_SWITCH};
+    txreq_t *r = txreq_new(&f, NULL, 0);
+    if (r == NULL) {
+        tern_warn("tcp: no memory to switch connections with peer %u; keeping two", c->peer);
+        return;
+    }
+    enqueue(old, r);
+    old->ep = NULL;
+    old->retired = true;
+    old->successor = c;
+    ep->conn = c;
+    c->ep = ep;
+    c->plugged = true;
+    flush_tx(old);
+}
+
+/* The peer has handled everything sent on retired c: unplug the winner and
+ * close c (no replies are owed on it: SWITCH_ACK came after them). */
+static void switch_done(conn_t *c)
+{
+    conn_t *next = c->successor;
+    c->successor = NULL;
+    if (next != NULL && next->plugged) {
+        next->plugged = false;
+        flush_tx(next);
+    }
+    send_bye(c);
+    conn_fail(c, TERN_ERR_CANCELED);
+}
+
 /*
  * A header has arrived: check it and decide where its payload goes. Returns
  * false on a protocol violation (the connection is then failed).
@@ -624,7 +704,7 @@ static bool header_arrived(conn_t *c)
         c->bye_seen = true;
         break;
     case F_SEND:
-        if (!c->incoming || f->payload > MAX_SEND)
+        if (f->payload > MAX_SEND)
             goto bad;
         if (f->payload > RXBUF_SIZE - 0) {
             if (c->big_cap < f->payload) {
@@ -644,7 +724,7 @@ static bool header_arrived(conn_t *c)
         }
         break;
     case F_PUT: {
-        if (!c->incoming || f->payload != f->size || f->size > MAX_PUT)
+        if (f->payload != f->size || f->size > MAX_PUT)
             goto bad;
         tern_status_t st = check_remote(t, f->key, f->raddr, f->size, TERN_ACCESS_REMOTE_WRITE,
                                         &c->cur_mr, &c->dst);
@@ -660,7 +740,7 @@ static bool header_arrived(conn_t *c)
     case F_GET: {
         tcp_mr_t *mr = NULL;
         uint8_t *src = NULL;
-        if (!c->incoming || f->payload != 0 || f->size > MAX_PUT)
+        if (f->payload != 0 || f->size > MAX_PUT)
             goto bad;
         tern_status_t st = check_remote(t, f->key, f->raddr, f->size, TERN_ACCESS_REMOTE_READ, &mr,
                                         &src);
@@ -683,7 +763,7 @@ static bool header_arrived(conn_t *c)
     }
     case F_PUT_ACK: {
         txreq_t *r;
-        if (c->incoming || f->payload != 0 || (r = pop_pending(c, F_PUT)) == NULL)
+        if (f->payload != 0 || (r = pop_pending(c, F_PUT)) == NULL)
             goto bad;
         tern__comp_call(&r->comp, (tern_status_t)f->status);
         free(r);
@@ -692,7 +772,7 @@ static bool header_arrived(conn_t *c)
     }
     case F_GET_DATA: {
         txreq_t *r;
-        if (c->incoming || (r = pop_pending(c, F_GET)) == NULL)
+        if ((r = pop_pending(c, F_GET)) == NULL)
             goto bad;
         if (f->status == TERN_OK ? f->payload != r->get_size : f->payload != 0) {
             free(r);
@@ -702,6 +782,26 @@ static bool header_arrived(conn_t *c)
         c->dst = r->get_buf;
         break;
     }
+    case F_SWITCH: {
+        /* The peer's last frame here: everything before it is handled. */
+        frame_t ack = {.type = F_SWITCH_ACK};
+        txreq_t *r;
+        if (!c->incoming || c->ep != NULL || c->retired || f->payload != 0)
+            goto bad;
+        if ((r = txreq_new(&ack, NULL, 0)) == NULL) {
+            conn_fail(c, TERN_ERR_NO_MEMORY);
+            return false;
+        }
+        c->retired = true;
+        enqueue(c, r);
+        c->rx_state = RX_HDR;
+        return flush_tx(c);
+    }
+    case F_SWITCH_ACK:
+        if (!c->retired || c->incoming || f->payload != 0 || c->pend_head != NULL)
+            goto bad;
+        switch_done(c);
+        return false; /* c is closed */
     default:
         goto bad;
     }
@@ -710,7 +810,7 @@ static bool header_arrived(conn_t *c)
 bad:
     tern_warn("tcp: protocol violation from peer %u (frame type %u, %" PRIu64
               " payload bytes); closing the connection",
-              c->incoming ? c->peer : c->ep->base.peer, f->type, f->payload);
+              c->peer, f->type, f->payload);
     conn_fail(c, TERN_ERR_PROTOCOL);
     return false;
 }
@@ -832,8 +932,10 @@ static void on_readable(conn_t *c)
         }
         if (c->cur.type == F_HELLO) {
             c->peer = tern__get_le32(c->hello);
+            c->peer_instance = tern__get_le64(c->hello + 4);
             c->hello_seen = true;
             c->rx_state = RX_HDR;
+            hello_arrived(c);
         } else {
             payload_done(c);
         }
@@ -847,7 +949,7 @@ static void on_connected(conn_t *c)
     if (getsockopt(c->fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0)
         err = errno;
     if (err != 0) {
-        tern_warn("tcp: cannot connect to peer %u: %s", c->ep->base.peer, strerror(err));
+        tern_warn("tcp: cannot connect to peer %u: %s", c->peer, strerror(err));
         conn_fail(c, TERN_ERR_UNREACHABLE);
         return;
     }
@@ -1051,8 +1153,6 @@ static tern_status_t tcp_address(const tern_transport_t *tp, void *buf, size_t *
     return TERN_OK;
 }
 
-static void send_bye(conn_t *c);
-
 /* ---- open / close ---- */
 
 static void tcp_close(tern_transport_t *tp)
@@ -1138,6 +1238,48 @@ fail:
 
 /* ---- endpoints ---- */
 
+/* The peer's open connection to us, if it opened one first (HELLO seen). */
+static conn_t *adoptable(tcp_tp_t *t, uint32_t peer, uint64_t instance)
+{
+    for (conn_t *c = t->conns; c != NULL; c = c->next)
+        if (c->incoming && c->hello_seen && !c->bye_seen && c->ep == NULL && !c->retired &&
+            c->state == C_OPEN && c->peer == peer && c->peer != t->base.self_id &&
+            c->peer_instance == instance)
+            return c;
+    return NULL;
+}
+
+/* A new connection to the peer, with our HELLO queued ahead of anything else. */
+static tern_status_t dial(tcp_tp_t *t, uint32_t peer, const struct sockaddr_storage *ss,
+                          socklen_t sslen, conn_t **out)
+{
+    int fd = socket(ss->ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return tern__error_errno(TERN_ERR_NO_RESOURCE, errno, "tcp: socket");
+    tune(t, fd);
+    if (connect(fd, (const struct sockaddr *)ss, sslen) != 0 && errno != EINPROGRESS) {
+        int err = errno;
+        close(fd);
+        return tern__error_errno(TERN_ERR_UNREACHABLE, err, "tcp: connect to peer %u", peer);
+    }
+    frame_t f = {.type = F_HELLO, .payload = 12};
+    txreq_t *r = txreq_new(&f, NULL, 0);
+    conn_t *c = r != NULL ? conn_new(t, fd, false) : NULL;
+    if (c == NULL) {
+        free(r);
+        close(fd);
+        return tern__error(TERN_ERR_NO_MEMORY, "tcp: no memory for a connection");
+    }
+    c->peer = peer;
+    tern__put_le32(r->small, t->base.self_id);
+    tern__put_le64(r->small + 4, t->instance);
+    r->iov[1] = (struct iovec){r->small, 12};
+    r->iovcnt = 2;
+    enqueue(c, r);
+    *out = c;
+    return TERN_OK;
+}
+
 static tern_status_t tcp_ep_create(tern_transport_t *tp, uint32_t peer, const void *addr,
                                    size_t len, tern_ep_t **ep_out)
 {
@@ -1147,40 +1289,20 @@ static tern_status_t tcp_ep_create(tern_transport_t *tp, uint32_t peer, const vo
     tern_status_t st = parse_address(addr, len, &ss, &sslen);
     if (st != TERN_OK)
         return st;
-    int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd < 0)
-        return tern__error_errno(TERN_ERR_NO_RESOURCE, errno, "tcp: socket");
-    tune(t, fd);
-    if (connect(fd, (struct sockaddr *)&ss, sslen) != 0 && errno != EINPROGRESS) {
-        int err = errno;
-        close(fd);
-        return tern__error_errno(TERN_ERR_UNREACHABLE, err, "tcp: connect to peer %u", peer);
-    }
+    uint64_t instance = tern__get_le64((const uint8_t *)addr + 8);
     tcp_ep_t *ep = calloc(1, sizeof(*ep));
-    conn_t *c = ep ? conn_new(t, fd, false) : NULL;
-    if (c == NULL) {
-        free(ep);
-        close(fd);
+    if (ep == NULL)
         return tern__error(TERN_ERR_NO_MEMORY, "tcp: no memory for an endpoint");
+    conn_t *c = adoptable(t, peer, instance);
+    if (c == NULL && (st = dial(t, peer, &ss, sslen, &c)) != TERN_OK) {
+        free(ep);
+        return st;
     }
     ep->base.tp = tp;
     ep->base.peer = peer;
+    ep->peer_instance = instance;
     ep->conn = c;
     c->ep = ep;
-    /* HELLO goes first, ahead of anything the user posts. */
-    frame_t f = {.type = F_HELLO, .payload = 12};
-    txreq_t *r = txreq_new(&f, NULL, 0);
-    if (r == NULL) {
-        c->ep = NULL; /* reaped with the dead incoming ones */
-        conn_fail(c, TERN_ERR_CANCELED);
-        free(ep);
-        return tern__error(TERN_ERR_NO_MEMORY, "tcp: no memory for an endpoint");
-    }
-    tern__put_le32(r->small, tp->self_id);
-    tern__put_le64(r->small + 4, t->instance);
-    r->iov[1] = (struct iovec){r->small, 12};
-    r->iovcnt = 2;
-    enqueue(c, r);
     ep->next = t->eps;
     t->eps = ep;
     *ep_out = &ep->base;
@@ -1197,7 +1319,7 @@ static void send_bye(conn_t *c)
         return; /* mid-frame: a BYE now would corrupt the stream */
     frame_encode(&f, hdr);
     if (send(c->fd, hdr, HDR_SIZE, MSG_NOSIGNAL | MSG_DONTWAIT) != HDR_SIZE)
-        tern_debug("tcp: could not say goodbye to peer %u", c->ep ? c->ep->base.peer : c->peer);
+        tern_debug("tcp: could not say goodbye to peer %u", c->peer);
 }
 
 static void tcp_ep_destroy(tern_ep_t *base)
