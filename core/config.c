@@ -77,6 +77,10 @@ static const field_t fields[] = {
      .offset = OFF(tcp_sockbuf),
      .doc = "tcp provider: SO_SNDBUF/SO_RCVBUF of each connection; 0 leaves the kernel's "
             "autotuning"},
+    {.name = "TERN_TCP_ZCOPY", .group = "tern", .type = FIELD_SIZE, .dflt = "64k",
+     .offset = OFF(tcp_zcopy),
+     .doc = "tcp provider: put payloads and get replies at least this large go to the socket "
+            "by vmsplice/splice, without a copy; 0 turns it off"},
     {.name = "TERN_EAGER_LIMIT", .group = "tern", .type = FIELD_SIZE, .dflt = "16k",
      .offset = OFF(eager_limit),
      .doc = "p2p messages up to this size go eagerly (one copy at the receiver); larger ones "

@@ -46,6 +46,7 @@ typedef struct tern__config {
     int64_t transport; /* 0 auto, 1 verbs, 2 ucx, 3 tcp (the TERN_TRANSPORT enum order) */
     int64_t poll;      /* 0 blocking, 1 busy */
     uint64_t tcp_sockbuf;
+    uint64_t tcp_zcopy;
     uint64_t eager_limit;
     uint64_t unexpected_max;
 } tern__config_t;

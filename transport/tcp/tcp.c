@@ -34,6 +34,8 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -60,6 +62,7 @@
 #define KEY_MAGIC 0x544b4559u        /* "TKEY" */
 #define KEY_SIZE 32
 #define READS_PER_CALL 16            /* socket reads per connection per progress call */
+#define PIPE_SIZE (1 << 20)          /* splice_payload()'s pipe: the unprivileged maximum */
 
 enum frame_type {
     F_HELLO = 1,   /* payload: self_id u32, instance u64 */
@@ -125,6 +128,7 @@ typedef struct txreq {
     uint64_t get_size;
     struct tcp_mr *pin;  /* F_GET_DATA: the region being read, kept alive */
     uint8_t small[16];   /* a small payload owned by the request (HELLO) */
+    bool zcopy;          /* the payload goes by splice_payload() */
 } txreq_t;
 
 typedef enum conn_state { C_CONNECTING, C_OPEN, C_DEAD } conn_state_t;
@@ -146,6 +150,8 @@ typedef struct conn {
     struct conn *successor; /* retired at the switching side: the winner it plugs */
     uint32_t peer; /* outgoing: the endpoint's peer; incoming: from HELLO */
     uint64_t peer_instance; /* incoming: from HELLO */
+    int pipe[2];           /* splice_payload()'s, made on first use; -1 until then */
+    size_t in_pipe;        /* payload bytes in the pipe, not yet in the socket */
     /* transmit */
     txreq_t *tx_head, *tx_tail;
     txreq_t *pend_head, *pend_tail; /* puts and gets awaiting their reply, in order */
@@ -201,6 +207,7 @@ typedef struct tcp_tp {
     tcp_mr_t *keys; /* uthash on key */
     uint8_t *scratch; /* refused PUT payloads are drained here */
     int events;     /* events delivered in this progress call */
+    size_t zcopy_min; /* payloads this large go by splice_payload(); 0: never */
 } tcp_tp_t;
 
 static inline tcp_tp_t *to_tcp_tp(tern_transport_t *tp)
@@ -270,10 +277,20 @@ static void send_bye(conn_t *c);
 
 /* writev without SIGPIPE: a peer that went away must be an error, not the end
  * of the process. */
-static ssize_t send_iov(int fd, struct iovec *iov, int iovcnt)
+static ssize_t send_iov(int fd, struct iovec *iov, int iovcnt, int flags)
 {
     struct msghdr msg = {.msg_iov = iov, .msg_iovlen = (size_t)iovcnt};
-    return sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    return sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT | flags);
+}
+
+static void iov_advance(struct iovec *iov, int iovcnt, size_t n)
+{
+    for (int i = 0; i < iovcnt && n > 0; i++) {
+        size_t take = n < iov[i].iov_len ? n : iov[i].iov_len;
+        iov[i].iov_base = (uint8_t *)iov[i].iov_base + take;
+        iov[i].iov_len -= take;
+        n -= take;
+    }
 }
 
 static void set_want_out(conn_t *c, bool want)
@@ -303,6 +320,108 @@ static void tx_done(conn_t *c, txreq_t *r)
     free(r);
 }
 
+/*
+ * The payload of r by reference: vmsplice pins its pages into c's pipe and
+ * splice hands them to the socket, so the kernel never copies it on this side
+ * (a copy is most of what a TCP sender spends). The pages are read until the
+ * peer has taken the data, which is safe where tern uses it: a put completes
+ * only on the target's ack, and a get reads memory its owner keeps stable
+ * until the getter says it is done, as with RDMA. The pipe is emptied before
+ * the next frame goes out, so the stream stays in order.
+ * Returns 1 when all of it is out, 0 when the socket is full, -1 when the
+ * connection failed, 2 when splicing is not possible (copy the rest instead).
+ */
+static int splice_payload(conn_t *c, txreq_t *r)
+{
+    struct iovec *v = &r->iov[1];
+    if (c->pipe[0] < 0) {
+        if (pipe2(c->pipe, O_NONBLOCK | O_CLOEXEC) != 0) {
+            c->pipe[0] = c->pipe[1] = -1;
+            return 2;
+        }
+        /* A bigger pipe: fewer calls per payload; the default size also works. */
+        (void)fcntl(c->pipe[1], F_SETPIPE_SZ, PIPE_SIZE);
+    }
+    for (;;) {
+        if (c->in_pipe == 0) {
+            if (v->iov_len == 0)
+                return 1;
+            ssize_t n = vmsplice(c->pipe[1], v, 1, SPLICE_F_NONBLOCK);
+            if (n < 0 && errno == EINTR)
+                continue;
+            if (n <= 0) {
+                tern_info("tcp: vmsplice unavailable (%s); payloads will be copied",
+                          n < 0 ? strerror(errno) : "no progress");
+                c->tp->zcopy_min = 0;
+                return 2;
+            }
+            iov_advance(v, 1, (size_t)n);
+            c->in_pipe = (size_t)n;
+        }
+        ssize_t n = splice(c->pipe[0], NULL, c->fd, NULL, c->in_pipe,
+                           SPLICE_F_NONBLOCK | SPLICE_F_MOVE | (v->iov_len > 0 ? SPLICE_F_MORE : 0));
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            return 0;
+        if (n <= 0)
+            return -1;
+        c->in_pipe -= (size_t)n;
+    }
+}
+
+/*
+ * splice has no MSG_NOSIGNAL: a peer that went away would raise SIGPIPE and
+ * end the process. So SIGPIPE is blocked in this thread around the calls, and
+ * one raised by them is taken back before it is unblocked (one that was
+ * already pending is left alone).
+ */
+static int splice_payload_nosignal(conn_t *c, txreq_t *r)
+{
+    sigset_t pipe_set, old, pending;
+    sigemptyset(&pipe_set);
+    sigaddset(&pipe_set, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &pipe_set, &old);
+    bool was_pending = sigpending(&pending) == 0 && sigismember(&pending, SIGPIPE);
+    int ret = splice_payload(c, r);
+    if (ret < 0 && errno == EPIPE && !was_pending) {
+        int err = errno;
+        struct timespec zero = {0, 0};
+        while (sigtimedwait(&pipe_set, NULL, &zero) < 0 && errno == EINTR)
+            ;
+        errno = err;
+    }
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    return ret;
+}
+
+/* Write what the socket takes of r: 1 when all of it is out, 0 when the socket
+ * is full, -1 when the connection failed. */
+static int tx_some(conn_t *c, txreq_t *r)
+{
+    for (;;) {
+        /* zcopy: the header alone (MSG_MORE: it leaves with the payload), then
+         * the payload by splice_payload. */
+        int cnt = r->zcopy ? 1 : r->iovcnt;
+        if (r->iov[0].iov_len > 0 || (cnt > 1 && r->iov[1].iov_len > 0)) {
+            ssize_t n = send_iov(c->fd, r->iov, cnt, r->zcopy ? MSG_MORE : 0);
+            if (n < 0 && errno == EINTR)
+                continue;
+            if (n < 0)
+                return errno == EAGAIN || errno == EWOULDBLOCK ? 0 : -1;
+            iov_advance(r->iov, cnt, (size_t)n);
+            if (r->iov[cnt - 1].iov_len > 0)
+                return 0; /* a short write: the socket is full */
+        }
+        if (!r->zcopy)
+            return 1;
+        int z = splice_payload_nosignal(c, r);
+        if (z != 2)
+            return z;
+        r->zcopy = false; /* copy the rest */
+    }
+}
+
 /* Write as much of the queue as the socket takes. Returns false if the
  * connection failed (it is then marked dead). */
 static bool flush_tx(conn_t *c)
@@ -313,24 +432,13 @@ static bool flush_tx(conn_t *c)
         return true;
     while (c->tx_head != NULL) {
         txreq_t *r = c->tx_head;
-        ssize_t n = send_iov(c->fd, r->iov, r->iovcnt);
-        if (n < 0) {
-            if (errno == EINTR)
-                continue;
-            if (errno == EAGAIN || errno == EWOULDBLOCK)
-                break;
+        int done = tx_some(c, r);
+        if (done < 0) {
             conn_fail(c, TERN_ERR_PEER_LOST);
             return false;
         }
-        /* Advance through the iovecs. */
-        for (int i = 0; i < r->iovcnt && n > 0; i++) {
-            size_t take = (size_t)n < r->iov[i].iov_len ? (size_t)n : r->iov[i].iov_len;
-            r->iov[i].iov_base = (uint8_t *)r->iov[i].iov_base + take;
-            r->iov[i].iov_len -= take;
-            n -= (ssize_t)take;
-        }
-        if (r->iov[r->iovcnt - 1].iov_len > 0 || r->iov[0].iov_len > 0)
-            break; /* the socket is full */
+        if (done == 0)
+            break;
         c->tx_head = r->next;
         if (c->tx_head == NULL)
             c->tx_tail = NULL;
@@ -338,6 +446,13 @@ static bool flush_tx(conn_t *c)
     }
     set_want_out(c, c->tx_head != NULL);
     return true;
+}
+
+/* Only payloads whose completion waits for the peer may go by reference
+ * (see splice_payload): a SEND completes as soon as the socket has it. */
+static bool use_zcopy(const tcp_tp_t *t, uint8_t type, size_t len)
+{
+    return (type == F_PUT || type == F_GET_DATA) && t->zcopy_min > 0 && len >= t->zcopy_min;
 }
 
 static txreq_t *txreq_new(const frame_t *f, const void *payload, size_t len)
@@ -379,7 +494,7 @@ static tern_status_t post(conn_t *c, const frame_t *f, const void *payload, size
         frame_encode(f, hdr);
         ssize_t n;
         do {
-            n = send_iov(c->fd, iov, len > 0 ? 2 : 1);
+            n = send_iov(c->fd, iov, len > 0 ? 2 : 1, 0);
         } while (n < 0 && errno == EINTR);
         if (n == (ssize_t)(HDR_SIZE + len))
             return TERN_OK;
@@ -397,13 +512,7 @@ static tern_status_t post(conn_t *c, const frame_t *f, const void *payload, size
             return tern__error(TERN_ERR_NO_MEMORY, "tcp: no memory to queue a send");
         }
         r->comp = tern__comp_of(params);
-        size_t done = n > 0 ? (size_t)n : 0;
-        for (int i = 0; i < r->iovcnt && done > 0; i++) {
-            size_t take = done < r->iov[i].iov_len ? done : r->iov[i].iov_len;
-            r->iov[i].iov_base = (uint8_t *)r->iov[i].iov_base + take;
-            r->iov[i].iov_len -= take;
-            done -= take;
-        }
+        iov_advance(r->iov, r->iovcnt, n > 0 ? (size_t)n : 0);
         enqueue(c, r);
         set_want_out(c, true);
         return TERN_INPROGRESS;
@@ -412,6 +521,7 @@ static tern_status_t post(conn_t *c, const frame_t *f, const void *payload, size
     if (r == NULL)
         return tern__error(TERN_ERR_NO_MEMORY, "tcp: no memory to queue a request");
     r->comp = tern__comp_of(params);
+    r->zcopy = use_zcopy(c->tp, f->type, len);
     enqueue(c, r);
     if (req_out != NULL)
         *req_out = r;
@@ -477,6 +587,10 @@ static void conn_free(conn_t *c)
         if (o->successor == c)
             o->successor = NULL;
     close(c->fd);
+    if (c->pipe[0] >= 0) {
+        close(c->pipe[0]);
+        close(c->pipe[1]);
+    }
     free(c->rxbuf);
     free(c->big);
     free(c);
@@ -520,6 +634,7 @@ static conn_t *conn_new(tcp_tp_t *t, int fd, bool incoming)
     }
     c->tp = t;
     c->fd = fd;
+    c->pipe[0] = c->pipe[1] = -1;
     c->incoming = incoming;
     c->state = incoming ? C_OPEN : C_CONNECTING;
     struct epoll_event ev = {.events = EPOLLIN | (incoming ? 0 : EPOLLOUT), .data.ptr = c};
@@ -755,6 +870,7 @@ static bool header_arrived(conn_t *c)
         }
         r->type = F_GET_DATA;
         r->pin = mr;
+        r->zcopy = st == TERN_OK && use_zcopy(t, F_GET_DATA, (size_t)f->size);
         enqueue(c, r);
         if (st != TERN_OK)
             event(t, TERN_EVENT_ERROR, c->peer, 0, NULL, 0, st);
@@ -1196,6 +1312,7 @@ static tern_status_t tcp_open(const tern__tp_config_t *cfg, tern_transport_t **t
     t->base.self_id = cfg->self_id;
     t->busy_poll = cfg->busy_poll;
     t->sockbuf = cfg->tcp_sockbuf;
+    t->zcopy_min = cfg->tcp_zcopy;
     t->next_key = 1;
     t->next_op = 1;
     if (getrandom(&t->instance, sizeof(t->instance), GRND_NONBLOCK) != sizeof(t->instance))
