@@ -69,7 +69,7 @@ struct tern__comm {
     bool thread_started;
     atomic_bool stop;
     atomic_int spinning;      /* user threads progressing the transport themselves */
-    _Atomic uint64_t quiet_until; /* the progress thread stays idle until then (clock ns) */
+    atomic_uint waits;        /* waits ended: the progress thread naps while it moves */
     bool busy_poll;
     tern_ep_t **eps;          /* [world], created on first use */
     tern__class_fn handlers[16];
@@ -85,6 +85,10 @@ struct tern__comm {
     unexp_t *unexp_head, *unexp_tail;
     tern_request_t *rndv_sends; /* sends waiting for their FIN */
     uint64_t next_id;
+    tern_request_t *req_cache; /* free requests for reuse (p2p.c) */
+    unsigned req_cached;
+    struct bounce *bounce_cache; /* free small bounce buffers for reuse (p2p.c) */
+    unsigned bounce_cached;
 };
 
 /* The comm of a context (after tern_init). */
@@ -97,12 +101,18 @@ tern_status_t tern__comm_ep(tern__comm_t *comm, int r, tern_ep_t **ep);
 /* Route events of an immediate class to fn. */
 void tern__comm_set_handler(tern__comm_t *comm, tern_imm_class_t cls, tern__class_fn fn, void *arg);
 
+/* Return a request nobody names any more to the cache (lock held). */
+void tern__req_free(tern__comm_t *comm, tern_request_t *req);
+
 /* Mark req complete (lock held) and wake its waiter. */
 void tern__req_complete(tern_request_t *req, tern_status_t status);
 
 /* p2p.c: the protocol */
 tern_status_t tern__p2p_init(tern__comm_t *comm);
 void tern__p2p_fini(tern__comm_t *comm);
+/* Free the recycled requests and bounce buffers: after the transport is
+ * closed, whose last callbacks may still return some. */
+void tern__p2p_free_caches(tern__comm_t *comm);
 void tern__p2p_peer_lost(tern__comm_t *comm, int peer, tern_status_t why);
 tern_status_t tern__p2p_isend(tern__comm_t *comm, uint32_t cid, const void *buf, size_t len,
                               int dst, int tag, tern_request_t **req);

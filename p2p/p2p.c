@@ -44,16 +44,53 @@ enum ctrl { CTRL_FIN = 1, CTRL_CREDIT = 2, CTRL_NACK = 3 };
 #define EAGER_HDR 8
 #define RTS_HDR 36
 
-/* A message of the protocol's own that must outlive the call that sends it. */
+/* A message of the protocol's own that must outlive the call that sends it.
+ * Small ones (most: eager headers and payloads, control messages) are
+ * recycled through a cache, as requests are. */
 typedef struct bounce {
-    size_t len;
+    tern__comm_t *comm;
+    struct bounce *next; /* in the cache */
+    size_t len, cap;
     uint8_t data[];
 } bounce_t;
 
+#define BOUNCE_SMALL 256
+#define BOUNCE_CACHE_MAX 256
+
+static bounce_t *bounce_new(tern__comm_t *comm, size_t len)
+{
+    bounce_t *b = NULL;
+    if (len <= BOUNCE_SMALL && (b = comm->bounce_cache) != NULL) {
+        comm->bounce_cache = b->next;
+        comm->bounce_cached--;
+    } else {
+        size_t cap = len < BOUNCE_SMALL ? BOUNCE_SMALL : len;
+        if ((b = malloc(sizeof(*b) + cap)) == NULL)
+            return NULL;
+        b->comm = comm;
+        b->cap = cap;
+    }
+    b->len = len;
+    return b;
+}
+
+static void bounce_free(bounce_t *b)
+{
+    tern__comm_t *comm = b->comm;
+    if (b->cap != BOUNCE_SMALL || comm->bounce_cached >= BOUNCE_CACHE_MAX) {
+        free(b);
+        return;
+    }
+    b->next = comm->bounce_cache;
+    comm->bounce_cache = b;
+    comm->bounce_cached++;
+}
+
+/* Transport callbacks run under the comm lock (inside progress). */
 static void bounce_done(void *arg, tern_status_t st)
 {
     (void)st; /* a lost message shows up as the peer's loss */
-    free(arg);
+    bounce_free(arg);
 }
 
 /* Send len bytes of b (consumed either way) to dst with imm. */
@@ -67,23 +104,13 @@ static tern_status_t send_bounce(tern__comm_t *comm, int dst, uint32_t imm, boun
     }
     if (st == TERN_INPROGRESS)
         return TERN_OK;
-    free(b);
+    bounce_free(b);
     return st;
-}
-
-static bounce_t *bounce_new(size_t len)
-{
-    /* At least a header's worth, which also keeps GCC's object-size analysis
-     * from seeing a 1-byte array behind the small-message path. */
-    bounce_t *b = malloc(sizeof(*b) + (len < 64 ? 64 : len));
-    if (b != NULL)
-        b->len = len;
-    return b;
 }
 
 static void send_ctrl(tern__comm_t *comm, int dst, enum ctrl kind, const uint8_t *payload, size_t len)
 {
-    bounce_t *b = bounce_new(len);
+    bounce_t *b = bounce_new(comm, len);
     if (b == NULL) {
         tern_error("p2p: no memory for a control message to rank %d", dst);
         return;
@@ -121,11 +148,37 @@ static bool matches(const tern_request_t *r, uint32_t cid, int src, int tag)
            (r->tag == TERN_ANY_TAG || r->tag == tag);
 }
 
+/* Requests are recycled through a small cache: malloc and free cost as much
+ * as the rest of a small message's handling on shared memory. */
+#define REQ_CACHE_MAX 256
+
+static tern_request_t *req_new(tern__comm_t *comm)
+{
+    tern_request_t *req = comm->req_cache;
+    if (req != NULL) {
+        comm->req_cache = req->next;
+        comm->req_cached--;
+        return req;
+    }
+    return malloc(sizeof(*req));
+}
+
+void tern__req_free(tern__comm_t *comm, tern_request_t *req)
+{
+    if (comm->req_cached >= REQ_CACHE_MAX) {
+        free(req);
+        return;
+    }
+    req->next = comm->req_cache;
+    comm->req_cache = req;
+    comm->req_cached++;
+}
+
 /* Free a request the user has released once nothing names it any more. */
 static void req_maybe_free(tern_request_t *req)
 {
     if (req->released && req->ops == 0)
-        free(req);
+        tern__req_free(req->comm, req);
 }
 
 /* ---- receiving ---- */
@@ -368,16 +421,16 @@ tern_status_t tern__p2p_isend(tern__comm_t *comm, uint32_t cid, const void *buf,
     if (dst < 0 || (unsigned)dst >= comm->world)
         return tern__error(TERN_ERR_INVALID_PARAM, "isend: rank %d is not in the world of %u", dst,
                            comm->world);
-    req = calloc(1, sizeof(*req));
-    if (req == NULL)
+    pthread_mutex_lock(&comm->lock);
+    if ((req = req_new(comm)) == NULL) {
+        pthread_mutex_unlock(&comm->lock);
         return tern__error(TERN_ERR_NO_MEMORY, "isend: no memory");
+    }
     *req = (tern_request_t){.comm = comm, .kind = REQ_SEND, .cid = cid, .peer = dst, .tag = tag,
                             .buf = (void *)buf, .len = len};
     req->info = (tern_msg_info_t){.source = dst, .tag = tag, .len = len};
-
-    pthread_mutex_lock(&comm->lock);
     if (len <= comm->eager_limit && comm->credits[dst] >= (int64_t)len) {
-        bounce_t *b = bounce_new(EAGER_HDR + len);
+        bounce_t *b = bounce_new(comm, EAGER_HDR + len);
         if (b == NULL) {
             st = tern__error(TERN_ERR_NO_MEMORY, "isend: no memory for %zu bytes", len);
             goto fail;
@@ -400,7 +453,7 @@ tern_status_t tern__p2p_isend(tern__comm_t *comm, uint32_t cid, const void *buf,
             goto fail;
         if ((st = tern_mr_pack(req->mr, key, &klen)) != TERN_OK)
             goto fail;
-        bounce_t *b = bounce_new(RTS_HDR + klen);
+        bounce_t *b = bounce_new(comm, RTS_HDR + klen);
         if (b == NULL) {
             st = tern__error(TERN_ERR_NO_MEMORY, "isend: no memory");
             goto fail;
@@ -423,8 +476,8 @@ tern_status_t tern__p2p_isend(tern__comm_t *comm, uint32_t cid, const void *buf,
     return TERN_OK;
 fail:
     tern_mr_dereg(req->mr);
+    tern__req_free(comm, req);
     pthread_mutex_unlock(&comm->lock);
-    free(req);
     return st;
 }
 
@@ -441,19 +494,18 @@ tern_status_t tern__p2p_irecv(tern__comm_t *comm, uint32_t cid, void *buf, size_
     if (src != TERN_ANY_SOURCE && (src < 0 || (unsigned)src >= comm->world))
         return tern__error(TERN_ERR_INVALID_PARAM, "irecv: rank %d is not in the world of %u", src,
                            comm->world);
-    req = calloc(1, sizeof(*req));
-    if (req == NULL)
-        return tern__error(TERN_ERR_NO_MEMORY, "irecv: no memory");
-    *req = (tern_request_t){.comm = comm, .kind = REQ_RECV, .cid = cid, .peer = src, .tag = tag,
-                            .buf = buf, .len = cap};
-
     pthread_mutex_lock(&comm->lock);
     if (src != TERN_ANY_SOURCE && comm->peer_failed[src] != TERN_OK) {
         tern_status_t st = comm->peer_failed[src];
         pthread_mutex_unlock(&comm->lock);
-        free(req);
         return tern__error(st, "irecv: rank %d was lost", src);
     }
+    if ((req = req_new(comm)) == NULL) {
+        pthread_mutex_unlock(&comm->lock);
+        return tern__error(TERN_ERR_NO_MEMORY, "irecv: no memory");
+    }
+    *req = (tern_request_t){.comm = comm, .kind = REQ_RECV, .cid = cid, .peer = src, .tag = tag,
+                            .buf = buf, .len = cap};
     for (pp = &comm->unexp_head; *pp != NULL; prev = *pp, pp = &(*pp)->next) {
         unexp_t *e = *pp;
         if (matches(req, e->cid, e->src, e->tag)) {
@@ -565,6 +617,22 @@ void tern__p2p_fini(tern__comm_t *comm)
     free(comm->consumed);
     comm->credits = NULL;
     comm->consumed = NULL;
+}
+
+void tern__p2p_free_caches(tern__comm_t *comm)
+{
+    while (comm->req_cache != NULL) {
+        tern_request_t *r = comm->req_cache;
+        comm->req_cache = r->next;
+        free(r);
+    }
+    comm->req_cached = 0;
+    while (comm->bounce_cache != NULL) {
+        bounce_t *b = comm->bounce_cache;
+        comm->bounce_cache = b->next;
+        free(b);
+    }
+    comm->bounce_cached = 0;
 }
 
 /* ---- the public calls ---- */

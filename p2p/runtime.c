@@ -29,10 +29,13 @@
 
 /* How long a waiter progresses by itself before it sleeps (blocking mode). */
 #define SPIN_NS (200 * 1000)
-/* After a waiter's request completed, how long the progress thread keeps out
- * of the way: in a loop of blocking calls the next wait starts within
- * microseconds, and waking the progress thread in between costs a core. */
-#define QUIET_NS (2 * 1000 * 1000)
+/* How long the progress thread naps while waiters are (or just were) active:
+ * in a loop of blocking calls the next wait starts within microseconds, and
+ * waking the progress thread in between costs a core. */
+#define NAP_NS (1000 * 1000)
+/* Idle polls between two looks at the clock while waiting: reading it costs
+ * 20-40 ns here, more than an idle poll of shared memory. */
+#define POLLS_PER_CLOCK 32
 
 tern__comm_t *tern__comm(tern_ctx_t *ctx)
 {
@@ -113,20 +116,21 @@ static void *progress_main(void *arg)
 {
     tern__comm_t *comm = arg;
     int fd = tern_transport_fd(comm->tp);
+    unsigned seen_waits = atomic_load(&comm->waits);
 
     tern__log_set_rank((int)comm->rank);
     while (!atomic_load(&comm->stop)) {
         pthread_mutex_lock(&comm->lock);
-        /* A waiter is progressing, or just was: stay out of its way. */
+        /* A waiter is progressing, or was during the last nap: stay out of
+         * its way. */
         for (;;) {
-            uint64_t now = tern_clock_ns(), quiet = atomic_load(&comm->quiet_until);
-            bool spin = atomic_load(&comm->spinning) > 0;
-            if (atomic_load(&comm->stop) || (!spin && now >= quiet))
+            unsigned waits = atomic_load(&comm->waits);
+            if (atomic_load(&comm->stop) || (atomic_load(&comm->spinning) == 0 && waits == seen_waits))
                 break;
-            uint64_t nap = spin ? 1000000 : quiet - now;
+            seen_waits = waits;
             struct timespec ts;
             clock_gettime(CLOCK_REALTIME, &ts);
-            ts.tv_nsec += (long)nap;
+            ts.tv_nsec += NAP_NS;
             ts.tv_sec += ts.tv_nsec / 1000000000;
             ts.tv_nsec %= 1000000000;
             pthread_cond_timedwait(&comm->idle_cv, &comm->lock, &ts);
@@ -165,6 +169,7 @@ static void comm_free(tern__comm_t *comm)
     for (unsigned r = 0; comm->eps != NULL && r < comm->world; r++)
         tern_ep_destroy(comm->eps[r]);
     tern_transport_close(comm->tp);
+    tern__p2p_free_caches(comm);
     pthread_cond_destroy(&comm->idle_cv);
     pthread_cond_destroy(&comm->done_cv);
     pthread_mutex_destroy(&comm->lock);
@@ -288,36 +293,47 @@ tern_status_t tern_ctx_transport(const tern_ctx_t *ctx, char *provider, size_t p
 
 /* ---- waiting ---- */
 
+/*
+ * Hand a completed request's outcome to the user and release it (lock held).
+ * A transport operation may still name it (one that failed early when its
+ * peer was lost): then the protocol frees it when that operation ends.
+ */
+static tern_status_t req_finish(tern__comm_t *comm, tern_request_t *req, tern_msg_info_t *info)
+{
+    tern_status_t st = req->status;
+    req_kind_t kind = req->kind;
+    tern_msg_info_t got = req->info;
+    if (info != NULL)
+        *info = got;
+    req->released = true;
+    if (req->ops == 0)
+        tern__req_free(comm, req);
+    if (st != TERN_OK)
+        tern__error(st, "%s %s (rank %d, tag %d, %zu bytes)", kind == REQ_SEND ? "send" : "receive",
+                    tern_strerror(st), got.source, got.tag, got.len);
+    return st;
+}
+
 tern_status_t tern_request_test(tern_request_t *req, int *done, tern_msg_info_t *info)
 {
     tern__comm_t *comm;
     if (req == NULL || done == NULL)
         return tern__error(TERN_ERR_INVALID_PARAM, "tern_request_test: NULL argument");
     comm = req->comm;
-    if (!atomic_load_explicit(&req->done, memory_order_acquire) &&
-        pthread_mutex_trylock(&comm->lock) == 0) {
+    if (!atomic_load_explicit(&req->done, memory_order_acquire)) {
+        if (pthread_mutex_trylock(&comm->lock) != 0) {
+            *done = 0; /* another thread is progressing */
+            return TERN_OK;
+        }
         tern_transport_progress(comm->tp);
-        pthread_mutex_unlock(&comm->lock);
+    } else {
+        pthread_mutex_lock(&comm->lock);
     }
+    tern_status_t st = TERN_OK;
     *done = atomic_load_explicit(&req->done, memory_order_acquire);
-    if (!*done)
-        return TERN_OK;
-    tern_status_t st = req->status;
-    req_kind_t kind = req->kind;
-    tern_msg_info_t got = req->info;
-    if (info != NULL)
-        *info = got;
-    /* A transport operation may still name it (one failed early when its peer
-     * was lost): the protocol frees it when that operation ends. */
-    pthread_mutex_lock(&comm->lock);
-    req->released = true;
-    bool free_now = req->ops == 0;
+    if (*done)
+        st = req_finish(comm, req, info);
     pthread_mutex_unlock(&comm->lock);
-    if (free_now)
-        free(req);
-    if (st != TERN_OK)
-        tern__error(st, "%s %s (rank %d, tag %d, %zu bytes)", kind == REQ_SEND ? "send" : "receive",
-                    tern_strerror(st), got.source, got.tag, got.len);
     return st;
 }
 
@@ -328,26 +344,51 @@ tern_status_t tern_request_wait(tern_request_t *req, int64_t timeout_ns, tern_ms
     if (req == NULL)
         return tern__error(TERN_ERR_INVALID_PARAM, "tern_request_wait: NULL request");
     comm = req->comm;
-    uint64_t start = tern_clock_ns();
-    uint64_t deadline = timeout_ns < 0 ? UINT64_MAX : start + (uint64_t)timeout_ns;
-    int fd = tern_transport_fd(comm->tp);
+    /* Done already (an eager send): nothing to wait for. */
+    if (atomic_load_explicit(&req->done, memory_order_acquire))
+        return tern_request_test(req, &done, info);
 
     /* The waiter drives progress itself, and the progress thread keeps out of
      * the way: no hand-off between threads on the path of a reply. It spins
      * first; then (TERN_POLL=blocking) it sleeps on the transport's fd, so the
-     * kernel wakes it when something arrives. */
+     * kernel wakes it when something arrives. The clock is read only every
+     * POLLS_PER_CLOCK idle polls: most waits end before the first look. */
+    int fd = tern_transport_fd(comm->tp);
+    uint64_t start = 0, deadline = UINT64_MAX;
+    unsigned idle = 0;
+    bool timed_out = false;
     atomic_fetch_add(&comm->spinning, 1);
     while (!atomic_load_explicit(&req->done, memory_order_acquire)) {
-        uint64_t now = tern_clock_ns();
-        if (now >= deadline)
-            break;
         if (pthread_mutex_trylock(&comm->lock) != 0) {
             /* Another waiter is progressing; it will complete ours too. */
             sched_yield();
             continue;
         }
         int n = tern_transport_progress(comm->tp);
-        bool sleep = n == 0 && !comm->busy_poll && fd >= 0 && now - start > SPIN_NS &&
+        if (atomic_load_explicit(&req->done, memory_order_acquire)) {
+            /* Finish under this hold of the lock: one lock round less. */
+            atomic_fetch_add(&comm->waits, 1);
+            atomic_fetch_sub(&comm->spinning, 1);
+            tern_status_t st = req_finish(comm, req, info);
+            pthread_mutex_unlock(&comm->lock);
+            return st;
+        }
+        if (n > 0 || ++idle % POLLS_PER_CLOCK != 0) {
+            pthread_mutex_unlock(&comm->lock);
+            continue;
+        }
+        uint64_t now = tern_clock_ns();
+        if (start == 0) {
+            start = now;
+            if (timeout_ns >= 0)
+                deadline = start + (uint64_t)timeout_ns;
+        }
+        if (now >= deadline) {
+            pthread_mutex_unlock(&comm->lock);
+            timed_out = !atomic_load_explicit(&req->done, memory_order_acquire);
+            break;
+        }
+        bool sleep = !comm->busy_poll && fd >= 0 && now - start > SPIN_NS &&
                      !atomic_load_explicit(&req->done, memory_order_acquire) &&
                      tern_transport_arm(comm->tp) == TERN_OK;
         pthread_mutex_unlock(&comm->lock);
@@ -359,13 +400,12 @@ tern_status_t tern_request_wait(tern_request_t *req, int64_t timeout_ns, tern_ms
             poll(&p, 1, left < 10000000ull ? (int)(left / 1000000) + 1 : 10);
         }
     }
-    /* In a loop of blocking calls the next wait comes within microseconds:
-     * keep the progress thread asleep a little longer. */
-    /* No wake-up call: the progress thread re-checks by itself within 1 ms,
-     * and waking it here would cost a context switch on every request. */
-    atomic_store(&comm->quiet_until, tern_clock_ns() + QUIET_NS);
+    /* Tell the progress thread a waiter was here: it stays asleep for another
+     * nap, as the next wait in a loop of blocking calls comes within
+     * microseconds. No wake-up call, which would cost a context switch. */
+    atomic_fetch_add(&comm->waits, 1);
     atomic_fetch_sub(&comm->spinning, 1);
-    if (!atomic_load_explicit(&req->done, memory_order_acquire))
+    if (timed_out)
         return tern__error(TERN_ERR_TIMEOUT, "request not complete after %lld ms",
                            (long long)(timeout_ns / 1000000));
     return tern_request_test(req, &done, info);

@@ -75,6 +75,7 @@
 #include <tern/clock.h>
 
 #include "core/bytes.h"
+#include "core/clock.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "transport/provider.h"
@@ -104,11 +105,19 @@
 #define CLOSE_WAIT_NS (1000ull * 1000 * 1000)
 #define ORPHAN_WAIT_NS (250ull * 1000 * 1000)
 
-#define NOTICE_POLL_NS (1000ull * 1000) /* look at the notice sockets at least this often */
+/* Look at the notice sockets at least this often, by the coarse clock: a
+ * precise read on every progress call cost a quarter of a small message's
+ * round trip on shared memory. */
+#define NOTICE_POLL_NS (1000ull * 1000)
 #define NOTICE_HDR_LEN 20u
 #define NOTICE_MAX_LIST 4096u /* canceled seqs a BYE datagram lists at most */
 #define PROGRESS_ROUNDS 16    /* ucp_worker_progress rounds per tern progress call at most */
 #define OP_CACHE_MAX 256
+/* Received entries are recycled too, and small payloads are copied into the
+ * entry: malloc and free cost as much as the rest of a small message's
+ * delivery on shared memory. */
+#define ENTRY_CACHE_MAX 256
+#define ENTRY_INLINE 256
 
 enum msg_type {
     MSG_SEND = 1,    /* a tern_ep_send: payload = the data */
@@ -299,6 +308,8 @@ typedef struct ucx_entry {
     void *desc;           /* a UCX descriptor held (ucp_am_data_release) */
     void *buf;            /* malloc'd: a rendezvous target or a copy */
     void *req;            /* the rendezvous receive while it runs */
+    struct ucx_entry *cache_next;
+    uint8_t small[ENTRY_INLINE]; /* a small payload's copy: no malloc */
 } ucx_entry_t;
 
 /* A peer endpoint's notice channel to us, accepted on our listener. */
@@ -342,6 +353,8 @@ struct ucx_tp {
     size_t nbuckets, nstreams;
     ucx_op_t *op_cache;
     unsigned nop_cache;
+    struct ucx_entry *entry_cache;
+    unsigned nentry_cache;
     uint32_t conn_nonce, next_conn, next_reg_id;
     uint64_t rndv_recvs;
 };
@@ -831,7 +844,29 @@ static void entry_free(ucx_tp_t *tp, ucx_entry_t *e)
     if (e->desc != NULL)
         ucp_am_data_release(tp->worker, e->desc);
     free(e->buf);
-    free(e);
+    if (tp->nentry_cache < ENTRY_CACHE_MAX) {
+        e->cache_next = tp->entry_cache;
+        tp->entry_cache = e;
+        tp->nentry_cache++;
+    } else {
+        free(e);
+    }
+}
+
+/* A zeroed entry (all but its inline buffer), linked to nothing. */
+static ucx_entry_t *entry_new(ucx_tp_t *tp)
+{
+    ucx_entry_t *e = tp->entry_cache;
+    if (e != NULL) {
+        tp->entry_cache = e->cache_next;
+        tp->nentry_cache--;
+    } else if ((e = malloc(sizeof(*e))) == NULL) {
+        return NULL;
+    }
+    memset(e, 0, offsetof(ucx_entry_t, small));
+    link_init(&e->link);
+    e->tp = tp;
+    return e;
 }
 
 /* An entry leaves its stream: free it, or keep it as an orphan until UCX
@@ -987,14 +1022,12 @@ static ucs_status_t am_cb(void *arg, const void *header, size_t header_length, v
         tern_debug("ucx: stale message %u from peer %u dropped", seq, src);
         return UCS_OK;
     }
-    if ((e = calloc(1, sizeof(*e))) == NULL) {
+    if ((e = entry_new(tp)) == NULL) {
         /* Cannot even keep its place in the stream: later ones wait for the
          * sender's teardown. Should not happen short of exhaustion. */
         tern_warn("ucx: no memory for a message from peer %u: dropped", src);
         return UCS_OK;
     }
-    link_init(&e->link);
-    e->tp = tp;
     e->type = h[1];
     e->flags = tern__get_le16(h + 2);
     e->src = src;
@@ -1019,11 +1052,15 @@ static ucs_status_t am_cb(void *arg, const void *header, size_t header_length, v
                 e->data = data;
                 e->ready = true;
                 ret = UCS_INPROGRESS;
+            } else if (length <= ENTRY_INLINE) {
+                memcpy(e->small, data, length);
+                e->data = e->small;
+                e->ready = true;
             } else {
-                if ((e->buf = malloc(length ? length : 1)) == NULL) {
+                if ((e->buf = malloc(length)) == NULL) {
                     tern_warn("ucx: no memory for a %zu-byte message from peer %u", length, src);
                     e->status = TERN_ERR_NO_MEMORY;
-                } else if (length > 0) {
+                } else {
                     memcpy(e->buf, data, length);
                 }
                 e->data = e->buf;
@@ -1397,13 +1434,11 @@ static void notice_bye(ucx_tp_t *tp, uint32_t src, uint32_t conn, uint32_t seq, 
 
     if (s == NULL || s->closed || seq_before(seq, s->expected) || stream_lookup(s, seq) != NULL)
         return;
-    if ((e = calloc(1, sizeof(*e))) == NULL) {
+    if ((e = entry_new(tp)) == NULL) {
         s->dead = true; /* cannot keep the BYE's place: end the stream with what it has */
         stream_dirty(tp, s);
         return;
     }
-    link_init(&e->link);
-    e->tp = tp;
     e->type = MSG_BYE;
     e->src = src;
     e->seq = seq;
@@ -1506,7 +1541,7 @@ static int notice_poll(ucx_tp_t *tp)
     int n, handled = 0;
 
     tp->notice_due = false;
-    tp->notice_next = tern_clock_ns() + NOTICE_POLL_NS;
+    tp->notice_next = tern__clock_coarse_ns() + NOTICE_POLL_NS;
     n = epoll_wait(tp->epfd, evs, 32, 0);
     for (int i = 0; i < n; i++) {
         watch_t *w = evs[i].data.ptr;
@@ -1605,7 +1640,7 @@ static int ucx_progress(tern_transport_t *btp)
     if (tp->in_progress)
         return 0; /* called from a callback: the contract forbids it; do no harm */
     tp->in_progress = true;
-    if (tp->notice_due || tern_clock_ns() >= tp->notice_next)
+    if (tp->notice_due || tern__clock_coarse_ns() >= tp->notice_next)
         total += notice_poll(tp);
     for (int round = 0; round < PROGRESS_ROUNDS; round++) {
         int n = (int)ucp_worker_progress(tp->worker);
@@ -2355,6 +2390,11 @@ static void tp_fini(ucx_tp_t *tp)
         ucx_entry_t *e = link_entry(tp->orphan_entries.next, ucx_entry_t, link);
         link_del(&e->link);
         free(e->buf);
+        free(e);
+    }
+    while (tp->entry_cache != NULL) {
+        ucx_entry_t *e = tp->entry_cache;
+        tp->entry_cache = e->cache_next;
         free(e);
     }
     while (!link_empty(&tp->zombie_eps))
