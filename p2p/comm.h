@@ -118,5 +118,10 @@ tern_status_t tern__p2p_isend(tern__comm_t *comm, uint32_t cid, const void *buf,
                               int dst, int tag, tern_request_t **req);
 tern_status_t tern__p2p_irecv(tern__comm_t *comm, uint32_t cid, void *buf, size_t cap, int src,
                               int tag, tern_request_t **req);
+/* Blocking forms, without a request where the message is eager. */
+tern_status_t tern__p2p_send(tern__comm_t *comm, uint32_t cid, const void *buf, size_t len,
+                             int dst, int tag);
+tern_status_t tern__p2p_recv(tern__comm_t *comm, uint32_t cid, void *buf, size_t cap, int src,
+                             int tag, tern_msg_info_t *info);
 
 #endif

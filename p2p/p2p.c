@@ -184,24 +184,30 @@ static void req_maybe_free(tern_request_t *req)
 /* ---- receiving ---- */
 
 /* Deliver an eager payload to a matched receive. */
+/* Copy an eager payload into buf[0..cap); credit it back; tell a truncated
+ * sender. Returns TERN_OK or TERN_ERR_TRUNCATED. */
+static tern_status_t copy_eager(tern__comm_t *comm, void *buf, size_t cap, int src, int tag,
+                                const uint8_t *data, size_t len)
+{
+    size_t n = len < cap ? len : cap;
+    if (n > 0)
+        memcpy(buf, data, n);
+    consumed(comm, src, len);
+    if (len <= cap)
+        return TERN_OK;
+    uint8_t msg[20];
+    tern__put_le32(msg, (uint32_t)tag);
+    tern__put_le64(msg + 4, len);
+    tern__put_le64(msg + 12, cap);
+    send_ctrl(comm, src, CTRL_NACK, msg, sizeof(msg));
+    return TERN_ERR_TRUNCATED;
+}
+
 static void deliver_eager(tern__comm_t *comm, tern_request_t *req, int src, int tag,
                           const uint8_t *data, size_t len)
 {
-    size_t n = len < req->len ? len : req->len;
-    if (n > 0)
-        memcpy(req->buf, data, n);
     req->info = (tern_msg_info_t){.source = src, .tag = tag, .len = len};
-    consumed(comm, src, len);
-    if (len > req->len) {
-        uint8_t msg[20];
-        tern__put_le32(msg, (uint32_t)tag);
-        tern__put_le64(msg + 4, len);
-        tern__put_le64(msg + 12, req->len);
-        send_ctrl(comm, src, CTRL_NACK, msg, sizeof(msg));
-        tern__req_complete(req, TERN_ERR_TRUNCATED);
-        return;
-    }
-    tern__req_complete(req, TERN_OK);
+    tern__req_complete(req, copy_eager(comm, req->buf, req->len, src, tag, data, len));
 }
 
 static void get_done(void *arg, tern_status_t st)
@@ -409,18 +415,50 @@ static void on_control(tern__comm_t *comm, const tern_event_t *ev, void *arg)
 
 /* ---- posting ---- */
 
+static tern_status_t check_send(tern__comm_t *comm, const void *buf, size_t len, int dst, int tag)
+{
+    if ((buf == NULL && len > 0) || tag < 0)
+        return tern__error(TERN_ERR_INVALID_PARAM, "send: %s",
+                           tag < 0 ? "tag must be 0..TERN_TAG_MAX" : "NULL argument");
+    if (dst < 0 || (unsigned)dst >= comm->world)
+        return tern__error(TERN_ERR_INVALID_PARAM, "send: rank %d is not in the world of %u", dst,
+                           comm->world);
+    return TERN_OK;
+}
+
+static bool eager_fits(const tern__comm_t *comm, size_t len, int dst)
+{
+    return len <= comm->eager_limit && comm->credits[dst] >= (int64_t)len;
+}
+
+/* An eager send (lock held, eager_fits): the payload is copied out, so the
+ * send is complete when this returns TERN_OK. */
+static tern_status_t send_eager(tern__comm_t *comm, uint32_t cid, const void *buf, size_t len,
+                                int dst, int tag)
+{
+    bounce_t *b = bounce_new(comm, EAGER_HDR + len);
+    if (b == NULL)
+        return tern__error(TERN_ERR_NO_MEMORY, "send: no memory for %zu bytes", len);
+    tern__put_le32(b->data, cid);
+    tern__put_le32(b->data + 4, (uint32_t)tag);
+    if (len)
+        memcpy(b->data + EAGER_HDR, buf, len);
+    tern_status_t st = send_bounce(comm, dst, tern_imm_make(TERN_IMM_P2P_EAGER, 0, 0, 0), b);
+    if (st == TERN_OK)
+        comm->credits[dst] -= (int64_t)len;
+    return st;
+}
+
 tern_status_t tern__p2p_isend(tern__comm_t *comm, uint32_t cid, const void *buf, size_t len,
                               int dst, int tag, tern_request_t **req_out)
 {
     tern_request_t *req;
     tern_status_t st;
 
-    if (req_out == NULL || (buf == NULL && len > 0) || tag < 0)
-        return tern__error(TERN_ERR_INVALID_PARAM, "isend: %s",
-                           tag < 0 ? "tag must be 0..TERN_TAG_MAX" : "NULL argument");
-    if (dst < 0 || (unsigned)dst >= comm->world)
-        return tern__error(TERN_ERR_INVALID_PARAM, "isend: rank %d is not in the world of %u", dst,
-                           comm->world);
+    if (req_out == NULL)
+        return tern__error(TERN_ERR_INVALID_PARAM, "isend: NULL request pointer");
+    if ((st = check_send(comm, buf, len, dst, tag)) != TERN_OK)
+        return st;
     pthread_mutex_lock(&comm->lock);
     if ((req = req_new(comm)) == NULL) {
         pthread_mutex_unlock(&comm->lock);
@@ -429,20 +467,9 @@ tern_status_t tern__p2p_isend(tern__comm_t *comm, uint32_t cid, const void *buf,
     *req = (tern_request_t){.comm = comm, .kind = REQ_SEND, .cid = cid, .peer = dst, .tag = tag,
                             .buf = (void *)buf, .len = len};
     req->info = (tern_msg_info_t){.source = dst, .tag = tag, .len = len};
-    if (len <= comm->eager_limit && comm->credits[dst] >= (int64_t)len) {
-        bounce_t *b = bounce_new(comm, EAGER_HDR + len);
-        if (b == NULL) {
-            st = tern__error(TERN_ERR_NO_MEMORY, "isend: no memory for %zu bytes", len);
+    if (eager_fits(comm, len, dst)) {
+        if ((st = send_eager(comm, cid, buf, len, dst, tag)) != TERN_OK)
             goto fail;
-        }
-        tern__put_le32(b->data, cid);
-        tern__put_le32(b->data + 4, (uint32_t)tag);
-        if (len)
-            memcpy(b->data + EAGER_HDR, buf, len);
-        st = send_bounce(comm, dst, tern_imm_make(TERN_IMM_P2P_EAGER, 0, 0, 0), b);
-        if (st != TERN_OK)
-            goto fail;
-        comm->credits[dst] -= (int64_t)len;
         tern__req_complete(req, TERN_OK); /* the payload is ours now: the buffer is free */
     } else {
         uint8_t key[TERN_RKEY_MAX];
@@ -481,41 +508,56 @@ fail:
     return st;
 }
 
-tern_status_t tern__p2p_irecv(tern__comm_t *comm, uint32_t cid, void *buf, size_t cap, int src,
-                              int tag, tern_request_t **req_out)
+static tern_status_t check_recv(tern__comm_t *comm, void *buf, size_t cap, int src, int tag)
 {
-    tern_request_t *req;
-    unexp_t **pp, *u = NULL, *prev = NULL;
-
-    if (req_out == NULL || (buf == NULL && cap > 0) || tag < TERN_ANY_TAG)
-        return tern__error(TERN_ERR_INVALID_PARAM, "irecv: %s",
+    if ((buf == NULL && cap > 0) || tag < TERN_ANY_TAG)
+        return tern__error(TERN_ERR_INVALID_PARAM, "recv: %s",
                            tag < TERN_ANY_TAG ? "tag must be TERN_ANY_TAG or 0..TERN_TAG_MAX"
                                               : "NULL argument");
     if (src != TERN_ANY_SOURCE && (src < 0 || (unsigned)src >= comm->world))
-        return tern__error(TERN_ERR_INVALID_PARAM, "irecv: rank %d is not in the world of %u", src,
+        return tern__error(TERN_ERR_INVALID_PARAM, "recv: rank %d is not in the world of %u", src,
                            comm->world);
-    pthread_mutex_lock(&comm->lock);
-    if (src != TERN_ANY_SOURCE && comm->peer_failed[src] != TERN_OK) {
-        tern_status_t st = comm->peer_failed[src];
-        pthread_mutex_unlock(&comm->lock);
-        return tern__error(st, "irecv: rank %d was lost", src);
-    }
-    if ((req = req_new(comm)) == NULL) {
-        pthread_mutex_unlock(&comm->lock);
+    return TERN_OK;
+}
+
+/* The first unexpected message matching (cid, src, tag) (lock held); *prev
+ * is the one before it, for unlink_unexp. */
+static unexp_t *find_unexp(tern__comm_t *comm, uint32_t cid, int src, int tag, unexp_t **prev)
+{
+    const tern_request_t probe = {.cid = cid, .peer = src, .tag = tag};
+    *prev = NULL;
+    for (unexp_t *e = comm->unexp_head; e != NULL; *prev = e, e = e->next)
+        if (matches(&probe, e->cid, e->src, e->tag))
+            return e;
+    return NULL;
+}
+
+static void unlink_unexp(tern__comm_t *comm, unexp_t *u, unexp_t *prev)
+{
+    if (prev != NULL)
+        prev->next = u->next;
+    else
+        comm->unexp_head = u->next;
+    if (comm->unexp_tail == u)
+        comm->unexp_tail = prev;
+}
+
+/* Post a receive (lock held): it takes the first matching unexpected message,
+ * or waits in the posted list. */
+static tern_status_t irecv_locked(tern__comm_t *comm, uint32_t cid, void *buf, size_t cap, int src,
+                                  int tag, tern_request_t **req_out)
+{
+    tern_request_t *req;
+    unexp_t *u, *prev;
+
+    if (src != TERN_ANY_SOURCE && comm->peer_failed[src] != TERN_OK)
+        return tern__error(comm->peer_failed[src], "irecv: rank %d was lost", src);
+    if ((req = req_new(comm)) == NULL)
         return tern__error(TERN_ERR_NO_MEMORY, "irecv: no memory");
-    }
     *req = (tern_request_t){.comm = comm, .kind = REQ_RECV, .cid = cid, .peer = src, .tag = tag,
                             .buf = buf, .len = cap};
-    for (pp = &comm->unexp_head; *pp != NULL; prev = *pp, pp = &(*pp)->next) {
-        unexp_t *e = *pp;
-        if (matches(req, e->cid, e->src, e->tag)) {
-            u = e;
-            *pp = e->next;
-            if (comm->unexp_tail == e)
-                comm->unexp_tail = prev;
-            break;
-        }
-    }
+    if ((u = find_unexp(comm, cid, src, tag, &prev)) != NULL)
+        unlink_unexp(comm, u, prev);
     if (u == NULL) {
         if (comm->posted_tail)
             comm->posted_tail->next = req;
@@ -531,9 +573,22 @@ tern_status_t tern__p2p_irecv(tern__comm_t *comm, uint32_t cid, void *buf, size_
         free(u->data);
         free(u);
     }
-    pthread_mutex_unlock(&comm->lock);
     *req_out = req;
     return TERN_OK;
+}
+
+tern_status_t tern__p2p_irecv(tern__comm_t *comm, uint32_t cid, void *buf, size_t cap, int src,
+                              int tag, tern_request_t **req_out)
+{
+    tern_status_t st;
+    if (req_out == NULL)
+        return tern__error(TERN_ERR_INVALID_PARAM, "irecv: NULL request pointer");
+    if ((st = check_recv(comm, buf, cap, src, tag)) != TERN_OK)
+        return st;
+    pthread_mutex_lock(&comm->lock);
+    st = irecv_locked(comm, cid, buf, cap, src, tag, req_out);
+    pthread_mutex_unlock(&comm->lock);
+    return st;
 }
 
 /* ---- life cycle ---- */
@@ -659,17 +714,67 @@ tern_status_t tern_irecv(tern_ctx_t *ctx, void *buf, size_t cap, int src, int ta
     return comm ? tern__p2p_irecv(comm, 0, buf, cap, src, tag, req) : TERN_ERR_INVALID_PARAM;
 }
 
-tern_status_t tern_send(tern_ctx_t *ctx, const void *buf, size_t len, int dst, int tag)
+/*
+ * Blocking calls skip the request where they can: an eager send completes as
+ * it is posted, and a receive whose eager message is already here completes
+ * as it is matched. That saves a request and a round of the lock per call,
+ * which on shared memory is a noticeable part of a small message's latency.
+ */
+tern_status_t tern__p2p_send(tern__comm_t *comm, uint32_t cid, const void *buf, size_t len,
+                             int dst, int tag)
 {
     tern_request_t *req;
-    tern_status_t st = tern_isend(ctx, buf, len, dst, tag, &req);
+    tern_status_t st = check_send(comm, buf, len, dst, tag);
+    if (st != TERN_OK)
+        return st;
+    pthread_mutex_lock(&comm->lock);
+    if (eager_fits(comm, len, dst)) {
+        st = send_eager(comm, cid, buf, len, dst, tag);
+        pthread_mutex_unlock(&comm->lock);
+        return st;
+    }
+    pthread_mutex_unlock(&comm->lock);
+    st = tern__p2p_isend(comm, cid, buf, len, dst, tag, &req);
     return st == TERN_OK ? tern_request_wait(req, -1, NULL) : st;
+}
+
+tern_status_t tern__p2p_recv(tern__comm_t *comm, uint32_t cid, void *buf, size_t cap, int src,
+                             int tag, tern_msg_info_t *info)
+{
+    tern_request_t *req;
+    tern_status_t st = check_recv(comm, buf, cap, src, tag);
+    if (st != TERN_OK)
+        return st;
+    pthread_mutex_lock(&comm->lock);
+    unexp_t *prev, *u = find_unexp(comm, cid, src, tag, &prev);
+    if (u != NULL && !u->rndv) {
+        unlink_unexp(comm, u, prev);
+        comm->unexpected_bytes -= u->len;
+        st = copy_eager(comm, buf, cap, u->src, u->tag, u->data, u->len);
+        pthread_mutex_unlock(&comm->lock);
+        if (info != NULL)
+            *info = (tern_msg_info_t){.source = u->src, .tag = u->tag, .len = u->len};
+        if (st != TERN_OK)
+            tern__error(st, "receive %s (rank %d, tag %d, %zu bytes)", tern_strerror(st), u->src,
+                        u->tag, u->len);
+        free(u->data);
+        free(u);
+        return st;
+    }
+    st = irecv_locked(comm, cid, buf, cap, src, tag, &req);
+    pthread_mutex_unlock(&comm->lock);
+    return st == TERN_OK ? tern_request_wait(req, -1, info) : st;
+}
+
+tern_status_t tern_send(tern_ctx_t *ctx, const void *buf, size_t len, int dst, int tag)
+{
+    tern__comm_t *comm = comm_of(ctx);
+    return comm ? tern__p2p_send(comm, 0, buf, len, dst, tag) : TERN_ERR_INVALID_PARAM;
 }
 
 tern_status_t tern_recv(tern_ctx_t *ctx, void *buf, size_t cap, int src, int tag,
                         tern_msg_info_t *info)
 {
-    tern_request_t *req;
-    tern_status_t st = tern_irecv(ctx, buf, cap, src, tag, &req);
-    return st == TERN_OK ? tern_request_wait(req, -1, info) : st;
+    tern__comm_t *comm = comm_of(ctx);
+    return comm ? tern__p2p_recv(comm, 0, buf, cap, src, tag, info) : TERN_ERR_INVALID_PARAM;
 }

@@ -3,14 +3,19 @@
 # ratio means something on a shared, noisy machine:
 #   - a plain C TCP ping-pong (perf/tcp_pingpong.c), blocking sockets
 #   - ucx_perftest (ucx-utils) tag_lat / tag_bw, UCX_TLS=tcp and UCX_TLS=sm
+#   - raw UCP active messages with the ucx provider's header (perf/ucp_am_pingpong.c)
 #   - Open MPI (perf/mpi_pingpong.c): TCP only (--mca btl tcp,self) and default (shared memory)
-# Each pair is run back to back; latency is one-way (RTT/2) average in us,
-# bandwidth is unidirectional GB/s (10^9 bytes). Ratios are tern / peer.
+# Each pair is run back to back, REPEAT times (default 3), and each side's
+# median is reported: on a shared VM one run can be off by 30%. Latency is
+# one-way (RTT/2) average in us, bandwidth is unidirectional GB/s (10^9
+# bytes). Ratios are tern / peer.
 #   perf/compare.sh [BUILD_DIR]        (default: build)
 set -euo pipefail
 B=$(cd "${1:-build}" && pwd)
 RUN=$B/tools/tern-run PERF=$B/perf/tern-perf TCP=$B/perf/tcp-pingpong MPI=$B/perf/mpi-pingpong
+AM=$B/perf/ucp-am-pingpong
 LAT_ITERS=${LAT_ITERS:-20000} BW_SIZE=${BW_SIZE:-4194304} BW_ITERS=${BW_ITERS:-100} WINDOW=${WINDOW:-16}
+REPEAT=${REPEAT:-3}
 root=(); [ "$(id -u)" -eq 0 ] && root=(--allow-run-as-root)
 export TERN_LOG=error
 # One machine: UCX (tern's ucx provider and ucx_perftest) stays on loopback.
@@ -42,6 +47,16 @@ mpi() { local mode=$1 size=$2 iters=$3; shift 3; local extra=() window=""
         while [ $# -gt 0 ]; do case $1 in --mca) extra+=("$1" "$2" "$3"); shift 3 ;; *) window=$1; shift ;; esac; done
         timeout 120 mpirun "${root[@]}" -np 2 "${extra[@]}" "$MPI" "$mode" "$size" "$iters" $window 2>/dev/null; }
 
+# One row: tern and its peer measured alternately REPEAT times, medians compared.
+pair() { # metric lower_is_better peer_name tern_cmd... -- peer_cmd...
+    local metric=$1 low=$2 name=$3; shift 3
+    local tcmd=() pcmd=() t=() p=()
+    while [ "$1" != "--" ]; do tcmd+=("$1"); shift; done; shift; pcmd=("$@")
+    for _ in $(seq "$REPEAT"); do t+=("$("${tcmd[@]}")"); p+=("$("${pcmd[@]}")"); done
+    row "$metric" "$(median "${t[@]}")" "$name" "$(median "${p[@]}")" "$low"
+}
+median() { printf '%s\n' "$@" | grep -E '^[0-9.]+$' | sort -g | awk '{ v[NR] = $1 } END { print NR ? v[int((NR + 1) / 2)] : "" }'; }
+
 row() { # metric tern peer_name peer lower_is_better
     awk -v m="$1" -v t="$2" -v n="$3" -v p="$4" -v low="$5" 'BEGIN {
         r = (p > 0 && t > 0) ? t / p : 0
@@ -51,20 +66,26 @@ row() { # metric tern peer_name peer lower_is_better
 
 echo "# tern vs peers on $(uname -n), $(nproc) cores, $(date -u +%Y-%m-%dT%H:%MZ)"
 echo "# latency: one-way average us (lower is better); bandwidth: GB/s at $BW_SIZE bytes (higher is better)"
+echo "# each figure is the median of $REPEAT runs, tern and peer alternating"
 printf "%-34s %10s  %-30s %10s  %6s  %s\n" metric tern peer peer ratio verdict
 
-row "8 B latency, tcp provider" "$(tern_lat tcp)" "plain C TCP ping-pong" "$("$TCP" lat 8 "$LAT_ITERS" | awk -F, '{ print $3 }')" 1
-row "8 B latency, tcp provider" "$(tern_lat tcp)" "ucx_perftest tag_lat UCX_TLS=tcp" "$(ucx_lat tcp)" 1
-row "bandwidth, tcp provider" "$(tern_bw tcp)" "plain C TCP stream" "$("$TCP" bw "$BW_SIZE" "$BW_ITERS" "$WINDOW" | awk -F, '{ print $3 }')" 0
-row "bandwidth, tcp provider" "$(tern_bw tcp)" "ucx_perftest tag_bw UCX_TLS=tcp" "$(ucx_bw tcp)" 0
+tcp_lat() { "$TCP" lat 8 "$LAT_ITERS" | awk -F, '{ print $3 }'; }
+tcp_bw() { "$TCP" bw "$BW_SIZE" "$BW_ITERS" "$WINDOW" | awk -F, '{ print $3 }'; }
+pair "8 B latency, tcp provider" 1 "plain C TCP ping-pong" tern_lat tcp -- tcp_lat
+pair "8 B latency, tcp provider" 1 "ucx_perftest tag_lat UCX_TLS=tcp" tern_lat tcp -- ucx_lat tcp
+pair "bandwidth, tcp provider" 0 "plain C TCP stream" tern_bw tcp -- tcp_bw
+pair "bandwidth, tcp provider" 0 "ucx_perftest tag_bw UCX_TLS=tcp" tern_bw tcp -- ucx_bw tcp
 if [ -x "$MPI" ]; then
-    row "8 B latency, tcp provider" "$(tern_lat tcp)" "Open MPI, btl tcp,self" "$(mpi_lat --mca btl tcp,self)" 1
-    row "bandwidth, tcp provider" "$(tern_bw tcp)" "Open MPI, btl tcp,self" "$(mpi_bw --mca btl tcp,self)" 0
+    pair "8 B latency, tcp provider" 1 "Open MPI, btl tcp,self" tern_lat tcp -- mpi_lat --mca btl tcp,self
+    pair "bandwidth, tcp provider" 0 "Open MPI, btl tcp,self" tern_bw tcp -- mpi_bw --mca btl tcp,self
 fi
 if have_ucx_provider; then
-    row "8 B latency, ucx provider, sm" "$(tern_lat ucx UCX_TLS=sm)" "ucx_perftest tag_lat UCX_TLS=sm" "$(ucx_lat sm)" 1
-    row "bandwidth, ucx provider, sm" "$(tern_bw ucx UCX_TLS=sm)" "ucx_perftest tag_bw UCX_TLS=sm" "$(ucx_bw sm)" 0
-    [ -x "$MPI" ] && row "8 B latency, ucx provider, sm" "$(tern_lat ucx UCX_TLS=sm)" "Open MPI, default (shared memory)" "$(mpi_lat)" 1
+    pair "8 B latency, ucx provider, sm" 1 "ucx_perftest tag_lat UCX_TLS=sm" tern_lat ucx UCX_TLS=sm -- ucx_lat sm
+    # The floor under the provider: UCP AMs with its header and nothing else.
+    am_lat() { UCX_TLS=sm timeout 120 "$AM" 8 "$LAT_ITERS" | awk -F, '{ print $3 }'; }
+    [ -x "$AM" ] && pair "8 B latency, ucx provider, sm" 1 "raw UCP AM, same header, sm" tern_lat ucx UCX_TLS=sm -- am_lat
+    pair "bandwidth, ucx provider, sm" 0 "ucx_perftest tag_bw UCX_TLS=sm" tern_bw ucx UCX_TLS=sm -- ucx_bw sm
+    [ -x "$MPI" ] && pair "8 B latency, ucx provider, sm" 1 "Open MPI, default (shared memory)" tern_lat ucx UCX_TLS=sm -- mpi_lat
 else
     echo "# the ucx provider is not built into this tern: its rows are skipped"
 fi

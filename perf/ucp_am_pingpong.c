@@ -1,0 +1,184 @@
+/*
+ * The floor under tern's ucx provider for compare.sh: a ping-pong of UCP
+ * active messages carrying the same 32-byte header the provider puts on every
+ * message (and the 8-byte p2p header plus the payload as data), with nothing
+ * else. The gap between this and ucx_perftest tag_lat is UCX's; the gap
+ * between tern-perf and this is tern's (provider and p2p layer).
+ *   ucp-am-pingpong SIZE ITERS     one-way latency (RTT/2): avg and p50 in us
+ * Two processes (fork), worker addresses exchanged through pipes; honours
+ * UCX_TLS and UCX_NET_DEVICES like any UCX program.
+ */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <ucp/api/ucp.h>
+
+#define AM_ID 7
+#define HDR_LEN 32  /* transport/ucx/ucx.c MSG_HDR_LEN */
+#define P2P_HDR 8   /* p2p/p2p.c EAGER_HDR */
+
+static volatile unsigned arrived;
+
+static ucs_status_t on_am(void *arg, const void *header, size_t header_length, void *data,
+                          size_t length, const ucp_am_recv_param_t *param)
+{
+    (void)arg, (void)header, (void)header_length, (void)data, (void)length, (void)param;
+    arrived++;
+    return UCS_OK;
+}
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static int cmp(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+static int xfer(int fd, void *buf, size_t n, int out)
+{
+    char *p = buf;
+    while (n > 0) {
+        ssize_t r = out ? write(fd, p, n) : read(fd, p, n);
+        if (r <= 0)
+            return -1;
+        p += r;
+        n -= (size_t)r;
+    }
+    return 0;
+}
+
+static void die(const char *what, ucs_status_t st)
+{
+    fprintf(stderr, "ucp-am-pingpong: %s: %s\n", what, ucs_status_string(st));
+    exit(1);
+}
+
+/* Send one AM and wait until UCX is done with the buffers. */
+static void send_one(ucp_worker_h w, ucp_ep_h ep, const void *hdr, const void *buf, size_t len)
+{
+    ucp_request_param_t p = {0};
+    ucs_status_ptr_t sp = ucp_am_send_nbx(ep, AM_ID, hdr, HDR_LEN, buf, len, &p);
+    if (UCS_PTR_IS_ERR(sp))
+        die("ucp_am_send_nbx", UCS_PTR_STATUS(sp));
+    if (sp != NULL) {
+        while (ucp_request_check_status(sp) == UCS_INPROGRESS)
+            ucp_worker_progress(w);
+        ucp_request_free(sp);
+    }
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 3) {
+        fprintf(stderr, "usage: %s SIZE ITERS\n", argv[0]);
+        return 2;
+    }
+    size_t size = strtoull(argv[1], NULL, 10) + P2P_HDR;
+    unsigned iters = (unsigned)strtoul(argv[2], NULL, 10), warm = iters / 10 + 1;
+    int down[2], up[2];
+    if (pipe(down) != 0 || pipe(up) != 0) {
+        perror("ucp-am-pingpong: pipe");
+        return 1;
+    }
+    pid_t child = fork();
+    if (child < 0) {
+        perror("ucp-am-pingpong: fork");
+        return 1;
+    }
+    int server = child == 0;
+    int wfd = server ? up[1] : down[1], rfd = server ? down[0] : up[0];
+
+    ucp_params_t cp = {.field_mask = UCP_PARAM_FIELD_FEATURES, .features = UCP_FEATURE_AM};
+    ucp_context_h ctx;
+    ucs_status_t st = ucp_init(&cp, NULL, &ctx);
+    if (st != UCS_OK)
+        die("ucp_init", st);
+    ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
+                              .thread_mode = UCS_THREAD_MODE_SINGLE};
+    ucp_worker_h w;
+    if ((st = ucp_worker_create(ctx, &wp, &w)) != UCS_OK)
+        die("ucp_worker_create", st);
+    ucp_am_handler_param_t hp = {.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID |
+                                               UCP_AM_HANDLER_PARAM_FIELD_CB,
+                                 .id = AM_ID, .cb = on_am};
+    if ((st = ucp_worker_set_am_recv_handler(w, &hp)) != UCS_OK)
+        die("ucp_worker_set_am_recv_handler", st);
+    ucp_address_t *addr;
+    size_t alen, plen;
+    if ((st = ucp_worker_get_address(w, &addr, &alen)) != UCS_OK)
+        die("ucp_worker_get_address", st);
+    if (xfer(wfd, &alen, sizeof(alen), 1) || xfer(wfd, addr, alen, 1) ||
+        xfer(rfd, &plen, sizeof(plen), 0) || plen > 1u << 20) {
+        fprintf(stderr, "ucp-am-pingpong: address exchange failed\n");
+        return 1;
+    }
+    void *peer = malloc(plen);
+    if (peer == NULL || xfer(rfd, peer, plen, 0)) {
+        fprintf(stderr, "ucp-am-pingpong: address exchange failed\n");
+        return 1;
+    }
+    ucp_ep_params_t ep_params = {.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS, .address = peer};
+    ucp_ep_h ep;
+    if ((st = ucp_ep_create(w, &ep_params, &ep)) != UCS_OK)
+        die("ucp_ep_create", st);
+
+    uint8_t hdr[HDR_LEN] = {1};
+    uint8_t *buf = calloc(1, size);
+    uint64_t *s = calloc(iters, sizeof(*s));
+    if (buf == NULL || s == NULL) {
+        fprintf(stderr, "ucp-am-pingpong: no memory\n");
+        return 1;
+    }
+    for (unsigned i = 0; i < warm + iters; i++) {
+        uint64_t t = now_ns();
+        if (!server)
+            send_one(w, ep, hdr, buf, size);
+        while (arrived < i + 1)
+            ucp_worker_progress(w);
+        if (server)
+            send_one(w, ep, hdr, buf, size);
+        else if (i >= warm)
+            s[i - warm] = now_ns() - t;
+    }
+    /* Both sides done before either endpoint goes. */
+    char done = 1;
+    if (xfer(wfd, &done, 1, 1) || xfer(rfd, &done, 1, 0))
+        return 1;
+    if (!server) {
+        double sum = 0;
+        for (unsigned i = 0; i < iters; i++)
+            sum += (double)s[i];
+        qsort(s, iters, sizeof(*s), cmp);
+        printf("lat,%zu,%.3f,%.3f\n", size - P2P_HDR, sum / iters / 2000.0,
+               (double)s[iters / 2] / 2000.0);
+        fflush(stdout);
+    }
+    ucp_request_param_t cpar = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+                                .flags = UCP_EP_CLOSE_FLAG_FORCE};
+    ucs_status_ptr_t cr = ucp_ep_close_nbx(ep, &cpar);
+    if (UCS_PTR_IS_PTR(cr)) {
+        while (ucp_request_check_status(cr) == UCS_INPROGRESS)
+            ucp_worker_progress(w);
+        ucp_request_free(cr);
+    }
+    ucp_worker_release_address(w, addr);
+    ucp_worker_destroy(w);
+    ucp_cleanup(ctx);
+    free(peer);
+    free(buf);
+    free(s);
+    if (!server)
+        waitpid(child, NULL, 0);
+    return 0;
+}
