@@ -356,7 +356,7 @@ tern_status_t tern_request_wait(tern_request_t *req, int64_t timeout_ns, tern_ms
     int fd = tern_transport_fd(comm->tp);
     uint64_t start = 0, deadline = UINT64_MAX;
     unsigned idle = 0;
-    bool timed_out = false;
+    bool timed_out = false, locked = false;
     atomic_fetch_add(&comm->spinning, 1);
     while (!atomic_load_explicit(&req->done, memory_order_acquire)) {
         if (pthread_mutex_trylock(&comm->lock) != 0) {
@@ -366,12 +366,8 @@ tern_status_t tern_request_wait(tern_request_t *req, int64_t timeout_ns, tern_ms
         }
         int n = tern_transport_progress(comm->tp);
         if (atomic_load_explicit(&req->done, memory_order_acquire)) {
-            /* Finish under this hold of the lock: one lock round less. */
-            atomic_fetch_add(&comm->waits, 1);
-            atomic_fetch_sub(&comm->spinning, 1);
-            tern_status_t st = req_finish(comm, req, info);
-            pthread_mutex_unlock(&comm->lock);
-            return st;
+            locked = true; /* finish under this hold of the lock: one round less */
+            break;
         }
         if (n > 0 || ++idle % POLLS_PER_CLOCK != 0) {
             pthread_mutex_unlock(&comm->lock);
@@ -388,8 +384,8 @@ tern_status_t tern_request_wait(tern_request_t *req, int64_t timeout_ns, tern_ms
             timed_out = !atomic_load_explicit(&req->done, memory_order_acquire);
             break;
         }
+        /* Not done (checked above, and it cannot change while we hold the lock). */
         bool sleep = !comm->busy_poll && fd >= 0 && now - start > SPIN_NS &&
-                     !atomic_load_explicit(&req->done, memory_order_acquire) &&
                      tern_transport_arm(comm->tp) == TERN_OK;
         pthread_mutex_unlock(&comm->lock);
         if (sleep) {
@@ -405,6 +401,11 @@ tern_status_t tern_request_wait(tern_request_t *req, int64_t timeout_ns, tern_ms
      * microseconds. No wake-up call, which would cost a context switch. */
     atomic_fetch_add(&comm->waits, 1);
     atomic_fetch_sub(&comm->spinning, 1);
+    if (locked) {
+        tern_status_t st = req_finish(comm, req, info);
+        pthread_mutex_unlock(&comm->lock);
+        return st;
+    }
     if (timed_out)
         return tern__error(TERN_ERR_TIMEOUT, "request not complete after %lld ms",
                            (long long)(timeout_ns / 1000000));

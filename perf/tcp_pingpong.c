@@ -17,31 +17,7 @@
 #include <time.h>
 #include <unistd.h>
 
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
-static int xfer(int fd, void *buf, size_t n, int out)
-{
-    char *p = buf;
-    while (n > 0) {
-        ssize_t r = out ? write(fd, p, n) : read(fd, p, n);
-        if (r <= 0)
-            return -1;
-        p += r;
-        n -= (size_t)r;
-    }
-    return 0;
-}
-
-static int cmp(const void *a, const void *b)
-{
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-    return x < y ? -1 : x > y;
-}
+#include "peer.h"
 
 static void tune(int fd)
 {
@@ -79,13 +55,13 @@ int main(int argc, char **argv)
         tune(fd);
         for (unsigned i = 0; i < warm + iters; i++) {
             if (lat) {
-                if (xfer(fd, buf, size, 0) || xfer(fd, buf, size, 1))
+                if (peer_xfer(fd, buf, size, 0) || peer_xfer(fd, buf, size, 1))
                     _exit(1);
             } else {
                 for (unsigned w = 0; w < window; w++)
-                    if (xfer(fd, buf, size, 0))
+                    if (peer_xfer(fd, buf, size, 0))
                         _exit(1);
-                if (xfer(fd, &ack, 1, 1))
+                if (peer_xfer(fd, &ack, 1, 1))
                     _exit(1);
             }
         }
@@ -101,28 +77,24 @@ int main(int argc, char **argv)
     uint64_t *s = calloc(iters, sizeof(*s)), t0 = 0;
     for (unsigned i = 0; i < warm + iters; i++) {
         if (i == warm)
-            t0 = now_ns();
-        uint64_t t = now_ns();
+            t0 = peer_now_ns();
+        uint64_t t = peer_now_ns();
         if (lat) {
-            if (xfer(fd, buf, size, 1) || xfer(fd, buf, size, 0))
+            if (peer_xfer(fd, buf, size, 1) || peer_xfer(fd, buf, size, 0))
                 return 1;
         } else {
             for (unsigned w = 0; w < window; w++)
-                if (xfer(fd, buf, size, 1))
+                if (peer_xfer(fd, buf, size, 1))
                     return 1;
-            if (xfer(fd, &ack, 1, 0))
+            if (peer_xfer(fd, &ack, 1, 0))
                 return 1;
         }
         if (i >= warm)
-            s[i - warm] = now_ns() - t;
+            s[i - warm] = peer_now_ns() - t;
     }
-    double secs = (double)(now_ns() - t0) / 1e9;
+    double secs = (double)(peer_now_ns() - t0) / 1e9;
     if (lat) {
-        double sum = 0;
-        for (unsigned i = 0; i < iters; i++)
-            sum += (double)s[i];
-        qsort(s, iters, sizeof(*s), cmp);
-        printf("lat,%zu,%.3f,%.3f\n", size, sum / iters / 2000.0, (double)s[iters / 2] / 2000.0);
+        peer_print_lat(size, s, iters);
     } else {
         printf("bw,%zu,%.3f\n", size, (double)size * window * iters / secs / 1e9);
     }

@@ -18,6 +18,8 @@
 
 #include <ucp/api/ucp.h>
 
+#include "peer.h"
+
 #define AM_ID 7
 #define HDR_LEN 32  /* transport/ucx/ucx.c MSG_HDR_LEN */
 #define P2P_HDR 8   /* p2p/p2p.c EAGER_HDR */
@@ -30,32 +32,6 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_length, v
     (void)arg, (void)header, (void)header_length, (void)data, (void)length, (void)param;
     arrived++;
     return UCS_OK;
-}
-
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
-static int cmp(const void *a, const void *b)
-{
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-    return x < y ? -1 : x > y;
-}
-
-static int xfer(int fd, void *buf, size_t n, int out)
-{
-    char *p = buf;
-    while (n > 0) {
-        ssize_t r = out ? write(fd, p, n) : read(fd, p, n);
-        if (r <= 0)
-            return -1;
-        p += r;
-        n -= (size_t)r;
-    }
-    return 0;
 }
 
 static void die(const char *what, ucs_status_t st)
@@ -118,13 +94,13 @@ int main(int argc, char **argv)
     size_t alen, plen;
     if ((st = ucp_worker_get_address(w, &addr, &alen)) != UCS_OK)
         die("ucp_worker_get_address", st);
-    if (xfer(wfd, &alen, sizeof(alen), 1) || xfer(wfd, addr, alen, 1) ||
-        xfer(rfd, &plen, sizeof(plen), 0) || plen > 1u << 20) {
+    if (peer_xfer(wfd, &alen, sizeof(alen), 1) || peer_xfer(wfd, addr, alen, 1) ||
+        peer_xfer(rfd, &plen, sizeof(plen), 0) || plen > 1u << 20) {
         fprintf(stderr, "ucp-am-pingpong: address exchange failed\n");
         return 1;
     }
     void *peer = malloc(plen);
-    if (peer == NULL || xfer(rfd, peer, plen, 0)) {
+    if (peer == NULL || peer_xfer(rfd, peer, plen, 0)) {
         fprintf(stderr, "ucp-am-pingpong: address exchange failed\n");
         return 1;
     }
@@ -141,7 +117,7 @@ int main(int argc, char **argv)
         return 1;
     }
     for (unsigned i = 0; i < warm + iters; i++) {
-        uint64_t t = now_ns();
+        uint64_t t = peer_now_ns();
         if (!server)
             send_one(w, ep, hdr, buf, size);
         while (arrived < i + 1)
@@ -149,21 +125,14 @@ int main(int argc, char **argv)
         if (server)
             send_one(w, ep, hdr, buf, size);
         else if (i >= warm)
-            s[i - warm] = now_ns() - t;
+            s[i - warm] = peer_now_ns() - t;
     }
     /* Both sides done before either endpoint goes. */
     char done = 1;
-    if (xfer(wfd, &done, 1, 1) || xfer(rfd, &done, 1, 0))
+    if (peer_xfer(wfd, &done, 1, 1) || peer_xfer(rfd, &done, 1, 0))
         return 1;
-    if (!server) {
-        double sum = 0;
-        for (unsigned i = 0; i < iters; i++)
-            sum += (double)s[i];
-        qsort(s, iters, sizeof(*s), cmp);
-        printf("lat,%zu,%.3f,%.3f\n", size - P2P_HDR, sum / iters / 2000.0,
-               (double)s[iters / 2] / 2000.0);
-        fflush(stdout);
-    }
+    if (!server)
+        peer_print_lat(size - P2P_HDR, s, iters);
     ucp_request_param_t cpar = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
                                 .flags = UCP_EP_CLOSE_FLAG_FORCE};
     ucs_status_ptr_t cr = ucp_ep_close_nbx(ep, &cpar);

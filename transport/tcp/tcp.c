@@ -525,8 +525,7 @@ static tern_status_t post(conn_t *c, const frame_t *f, const void *payload, size
     enqueue(c, r);
     if (req_out != NULL)
         *req_out = r;
-    if (!flush_tx(c) && f->type != F_SEND)
-        return TERN_INPROGRESS; /* conn_fail completed it with the error */
+    flush_tx(c); /* on failure, conn_fail has completed r with the error */
     return TERN_INPROGRESS;
 }
 

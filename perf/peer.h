@@ -1,0 +1,53 @@
+/*
+ * What the standalone peers (tcp-pingpong, ucp-am-pingpong) share: they link
+ * nothing of tern's, so these are header-only.
+ */
+#ifndef TERN_PERF_PEER_H
+#define TERN_PERF_PEER_H
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+#include <unistd.h>
+
+static inline uint64_t peer_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* Read (out == 0) or write all n bytes of buf on fd; -1 on error or EOF. */
+static inline int peer_xfer(int fd, void *buf, size_t n, int out)
+{
+    char *p = buf;
+    while (n > 0) {
+        ssize_t r = out ? write(fd, p, n) : read(fd, p, n);
+        if (r <= 0)
+            return -1;
+        p += r;
+        n -= (size_t)r;
+    }
+    return 0;
+}
+
+static inline int peer_cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* "lat,SIZE,AVG,P50": one-way (half the round trip) in us, from round-trip
+ * samples in ns (sorted in place). */
+static inline void peer_print_lat(size_t size, uint64_t *rtt_ns, unsigned iters)
+{
+    double sum = 0;
+    for (unsigned i = 0; i < iters; i++)
+        sum += (double)rtt_ns[i];
+    qsort(rtt_ns, iters, sizeof(*rtt_ns), peer_cmp_u64);
+    printf("lat,%zu,%.3f,%.3f\n", size, sum / iters / 2000.0, (double)rtt_ns[iters / 2] / 2000.0);
+    fflush(stdout);
+}
+
+#endif
