@@ -49,6 +49,13 @@ typedef struct tern__config {
     uint64_t tcp_zcopy;
     uint64_t eager_limit;
     uint64_t unexpected_max;
+    /* collectives: algorithm overrides (0 = auto; then each enum's order) */
+    int64_t coll_algo_allreduce; /* auto|ring|rd */
+    int64_t coll_algo_broadcast; /* auto|binomial|chain */
+    int64_t coll_algo_reduce;    /* auto|binomial|chain */
+    int64_t coll_algo_allgather; /* auto|ring|bruck */
+    int64_t coll_algo_alltoall;  /* auto|pairwise|linear */
+    uint64_t coll_segment;
 } tern__config_t;
 
 /* Name of a launcher for messages ("torchrun"). */

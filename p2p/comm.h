@@ -21,7 +21,9 @@ typedef struct tern__comm tern__comm_t;
 /* A handler for one immediate class, called under the comm lock. */
 typedef void (*tern__class_fn)(tern__comm_t *comm, const tern_event_t *ev, void *arg);
 
-typedef enum req_kind { REQ_SEND = 1, REQ_RECV = 2 } req_kind_t;
+/* REQ_COLL: a collective (collectives/), whose request is embedded in its
+ * state and finished through the comm's coll hooks. */
+typedef enum req_kind { REQ_SEND = 1, REQ_RECV = 2, REQ_COLL = 3 } req_kind_t;
 
 struct tern_request {
     tern__comm_t *comm;
@@ -41,6 +43,7 @@ struct tern_request {
     tern_rkey_t *rkey;
     int ops;                   /* transport operations in flight that name this request */
     bool released;             /* the user has waited on it: free once ops is 0 */
+    void *coll;                /* REQ_COLL: the collective's state */
 };
 
 /* A message that arrived before its receive was posted. */
@@ -71,6 +74,7 @@ struct tern__comm {
     atomic_int spinning;      /* user threads progressing the transport themselves */
     atomic_uint waits;        /* waits ended: the progress thread naps while it moves */
     bool busy_poll;
+    bool yield_idle;          /* more local ranks than cores: give the core away when idle */
     tern_ep_t **eps;          /* [world], created on first use */
     tern__class_fn handlers[16];
     void *handler_args[16];
@@ -89,6 +93,18 @@ struct tern__comm {
     unsigned req_cached;
     struct bounce *bounce_cache; /* free small bounce buffers for reuse (p2p.c) */
     unsigned bounce_cached;
+    /* Collectives sit above p2p and hook in here (a call upward would be an
+     * undefined symbol for p2p's own tests). coll_active counts collectives in
+     * flight; while it is nonzero every request completion sets coll_kick, and
+     * whoever progresses the transport then runs coll_progress (lock NOT
+     * held) to move them on. coll_free releases a finished REQ_COLL request
+     * (lock held); coll_fini runs before p2p's own teardown. */
+    void *coll_state;
+    atomic_uint coll_active;
+    atomic_bool coll_kick;
+    void (*coll_progress)(tern__comm_t *comm, bool check_time);
+    void (*coll_free)(tern_request_t *req);
+    void (*coll_fini)(tern__comm_t *comm);
 };
 
 /* The comm of a context (after tern_init). */
@@ -107,6 +123,15 @@ void tern__req_free(tern__comm_t *comm, tern_request_t *req);
 /* Mark req complete (lock held) and wake its waiter. */
 void tern__req_complete(tern_request_t *req, tern_status_t status);
 
+/* Release an internal request the caller will not wait on through
+ * tern_request_wait (lock held): returns its status and info, and frees it
+ * once no transport operation names it. */
+tern_status_t tern__req_release(tern__comm_t *comm, tern_request_t *req, tern_msg_info_t *info);
+
+/* Run the collectives' progress hook if a completion asked for it (lock NOT
+ * held); check_time also lets them look at their deadlines. */
+void tern__comm_coll_poll(tern__comm_t *comm, bool check_time);
+
 /* p2p.c: the protocol */
 tern_status_t tern__p2p_init(tern__comm_t *comm);
 void tern__p2p_fini(tern__comm_t *comm);
@@ -118,6 +143,12 @@ tern_status_t tern__p2p_isend(tern__comm_t *comm, uint32_t cid, const void *buf,
                               int dst, int tag, tern_request_t **req);
 tern_status_t tern__p2p_irecv(tern__comm_t *comm, uint32_t cid, void *buf, size_t cap, int src,
                               int tag, tern_request_t **req);
+/* Withdraw an incomplete request (lock held): a posted receive leaves the
+ * posted list, a rendezvous send stops offering its buffer (a later read by
+ * the peer fails on the dead key); either completes with TERN_ERR_CANCELED.
+ * Returns false if it cannot be withdrawn (a receive whose data is being
+ * read): it will complete by itself. */
+bool tern__p2p_cancel(tern__comm_t *comm, tern_request_t *req);
 /* Blocking forms, without a request where the message is eager. */
 tern_status_t tern__p2p_send(tern__comm_t *comm, uint32_t cid, const void *buf, size_t len,
                              int dst, int tag);

@@ -591,6 +591,40 @@ tern_status_t tern__p2p_irecv(tern__comm_t *comm, uint32_t cid, void *buf, size_
     return st;
 }
 
+/* ---- withdrawing ---- */
+
+/* Unlink r from a singly linked request list; true if it was there. */
+static bool unlink_req(tern_request_t **head, tern_request_t **tail, tern_request_t *r)
+{
+    tern_request_t *prev = NULL;
+    for (tern_request_t **pp = head; *pp != NULL; prev = *pp, pp = &(*pp)->next) {
+        if (*pp != r)
+            continue;
+        *pp = r->next;
+        if (tail != NULL && *tail == r)
+            *tail = prev;
+        return true;
+    }
+    return false;
+}
+
+bool tern__p2p_cancel(tern__comm_t *comm, tern_request_t *req)
+{
+    if (atomic_load(&req->done))
+        return true;
+    if (req->kind == REQ_RECV && unlink_req(&comm->posted_head, &comm->posted_tail, req)) {
+        tern__req_complete(req, TERN_ERR_CANCELED);
+        return true;
+    }
+    if (req->kind == REQ_SEND && unlink_req(&comm->rndv_sends, NULL, req)) {
+        tern_mr_dereg(req->mr);
+        req->mr = NULL;
+        tern__req_complete(req, TERN_ERR_CANCELED);
+        return true;
+    }
+    return false;
+}
+
 /* ---- life cycle ---- */
 
 void tern__p2p_peer_lost(tern__comm_t *comm, int peer, tern_status_t why)

@@ -108,6 +108,17 @@ void tern__req_complete(tern_request_t *req, tern_status_t status)
     req->status = status;
     atomic_store_explicit(&req->done, 1, memory_order_release);
     pthread_cond_broadcast(&req->comm->done_cv);
+    if (atomic_load_explicit(&req->comm->coll_active, memory_order_relaxed) != 0)
+        atomic_store_explicit(&req->comm->coll_kick, true, memory_order_relaxed);
+}
+
+void tern__comm_coll_poll(tern__comm_t *comm, bool check_time)
+{
+    if (atomic_load_explicit(&comm->coll_active, memory_order_relaxed) == 0)
+        return;
+    bool kicked = atomic_exchange_explicit(&comm->coll_kick, false, memory_order_acq_rel);
+    if ((kicked || check_time) && comm->coll_progress != NULL)
+        comm->coll_progress(comm, check_time);
 }
 
 /* ---- progress ---- */
@@ -137,8 +148,11 @@ static void *progress_main(void *arg)
         }
         int n = tern_transport_progress(comm->tp);
         bool may_sleep = n == 0 && !comm->busy_poll && fd >= 0 &&
-                         tern_transport_arm(comm->tp) == TERN_OK;
+                         !atomic_load(&comm->coll_kick) && tern_transport_arm(comm->tp) == TERN_OK;
         pthread_mutex_unlock(&comm->lock);
+        /* Collectives in flight move on here when nobody waits on them; the
+         * clock check lets a stalled one time out. */
+        tern__comm_coll_poll(comm, n == 0);
         if (n > 0)
             continue;
         if (!may_sleep) {
@@ -147,7 +161,7 @@ static void *progress_main(void *arg)
         }
         /* Wake at least every 100 ms to notice stop. */
         struct pollfd p = {.fd = fd, .events = POLLIN};
-        poll(&p, 1, 100);
+        poll(&p, 1, atomic_load(&comm->coll_active) != 0 ? 10 : 100);
     }
     return NULL;
 }
@@ -165,6 +179,8 @@ static void comm_free(tern__comm_t *comm)
         pthread_mutex_unlock(&comm->lock);
         pthread_join(comm->thread, NULL);
     }
+    if (comm->coll_fini != NULL)
+        comm->coll_fini(comm);
     tern__p2p_fini(comm);
     for (unsigned r = 0; comm->eps != NULL && r < comm->world; r++)
         tern_ep_destroy(comm->eps[r]);
@@ -193,6 +209,12 @@ static tern_status_t comm_open(tern_ctx_t *ctx)
     comm->rank = tern_ctx_rank(ctx);
     comm->world = tern_ctx_world_size(ctx);
     comm->busy_poll = cfg->poll == 1;
+    /* Oversubscribed (more ranks here than cores we may run on), a waiter
+     * that spins holds the core the rank it waits for needs: yield on every
+     * idle poll, as Open MPI's mpi_yield_when_idle does. */
+    cpu_set_t cpus;
+    if (sched_getaffinity(0, sizeof(cpus), &cpus) == 0)
+        comm->yield_idle = tern_ctx_local_world_size(ctx) > (unsigned)CPU_COUNT(&cpus);
     pthread_mutex_init(&comm->lock, NULL);
     pthread_cond_init(&comm->done_cv, NULL);
     pthread_cond_init(&comm->idle_cv, NULL);
@@ -293,6 +315,17 @@ tern_status_t tern_ctx_transport(const tern_ctx_t *ctx, char *provider, size_t p
 
 /* ---- waiting ---- */
 
+tern_status_t tern__req_release(tern__comm_t *comm, tern_request_t *req, tern_msg_info_t *info)
+{
+    tern_status_t st = req->status;
+    if (info != NULL)
+        *info = req->info;
+    req->released = true;
+    if (req->ops == 0)
+        tern__req_free(comm, req);
+    return st;
+}
+
 /*
  * Hand a completed request's outcome to the user and release it (lock held).
  * A transport operation may still name it (one that failed early when its
@@ -305,6 +338,11 @@ static tern_status_t req_finish(tern__comm_t *comm, tern_request_t *req, tern_ms
     tern_msg_info_t got = req->info;
     if (info != NULL)
         *info = got;
+    if (kind == REQ_COLL) {
+        /* The collective set the detail when it failed; keep it. */
+        comm->coll_free(req);
+        return st;
+    }
     req->released = true;
     if (req->ops == 0)
         tern__req_free(comm, req);
@@ -321,14 +359,17 @@ tern_status_t tern_request_test(tern_request_t *req, int *done, tern_msg_info_t 
         return tern__error(TERN_ERR_INVALID_PARAM, "tern_request_test: NULL argument");
     comm = req->comm;
     if (!atomic_load_explicit(&req->done, memory_order_acquire)) {
-        if (pthread_mutex_trylock(&comm->lock) != 0) {
-            *done = 0; /* another thread is progressing */
+        if (pthread_mutex_trylock(&comm->lock) == 0) {
+            tern_transport_progress(comm->tp);
+            pthread_mutex_unlock(&comm->lock);
+        } /* else another thread is progressing */
+        tern__comm_coll_poll(comm, req->kind == REQ_COLL);
+        if (!atomic_load_explicit(&req->done, memory_order_acquire)) {
+            *done = 0;
             return TERN_OK;
         }
-        tern_transport_progress(comm->tp);
-    } else {
-        pthread_mutex_lock(&comm->lock);
     }
+    pthread_mutex_lock(&comm->lock);
     tern_status_t st = TERN_OK;
     *done = atomic_load_explicit(&req->done, memory_order_acquire);
     if (*done)
@@ -371,6 +412,9 @@ tern_status_t tern_request_wait(tern_request_t *req, int64_t timeout_ns, tern_ms
         }
         if (n > 0 || ++idle % POLLS_PER_CLOCK != 0) {
             pthread_mutex_unlock(&comm->lock);
+            tern__comm_coll_poll(comm, false);
+            if (n == 0 && comm->yield_idle)
+                sched_yield();
             continue;
         }
         uint64_t now = tern_clock_ns();
@@ -388,6 +432,9 @@ tern_status_t tern_request_wait(tern_request_t *req, int64_t timeout_ns, tern_ms
         bool sleep = !comm->busy_poll && fd >= 0 && now - start > SPIN_NS &&
                      tern_transport_arm(comm->tp) == TERN_OK;
         pthread_mutex_unlock(&comm->lock);
+        tern__comm_coll_poll(comm, true);
+        if (atomic_load_explicit(&req->done, memory_order_acquire))
+            break;
         if (sleep) {
             uint64_t left = deadline - now;
             struct pollfd p = {.fd = fd, .events = POLLIN};

@@ -69,6 +69,26 @@ TERN_API const char *tern_dtype_name(tern_dtype_t dtype);
  * TERN_ERR_INVALID_PARAM for anything else (NULL included); *out is untouched. */
 TERN_API tern_status_t tern_dtype_parse(const char *name, tern_dtype_t *out);
 
+/* Reduction operations, as torch.distributed.ReduceOp. AVG is the sum divided
+ * by the number of contributions, for the floating types only. The values are
+ * wire codes: they never change. */
+typedef enum tern_reduce_op {
+    TERN_SUM = 0,
+    TERN_PROD = 1,
+    TERN_MAX = 2,
+    TERN_MIN = 3,
+    TERN_AVG = 4,
+} tern_reduce_op_t;
+
+#define TERN_REDUCE_OP_COUNT 5
+
+/* "sum", "prod", "max", "min", "avg"; "unknown" for anything else. Never NULL. */
+TERN_API const char *tern_reduce_op_name(tern_reduce_op_t op);
+
+/* The op named by its short name, case-insensitive ("product" is accepted for
+ * "prod"). TERN_ERR_INVALID_PARAM for anything else; *out is untouched. */
+TERN_API tern_status_t tern_reduce_op_parse(const char *name, tern_reduce_op_t *out);
+
 /* Where a tensor's memory is. The values are the wire codes. */
 typedef enum tern_device_type {
     TERN_DEVICE_CPU = 0,  /* host memory (pinned or not) */

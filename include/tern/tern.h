@@ -4,6 +4,7 @@
 
 #include <tern/build_config.h>
 #include <tern/clock.h>
+#include <tern/coll.h>
 #include <tern/context.h>
 #include <tern/defs.h>
 #include <tern/env.h>

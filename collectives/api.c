@@ -1,0 +1,654 @@
+/*
+ * The public collectives: argument checks, the choice of algorithm, and the
+ * tensor forms. Every check that can be made locally is made before anything
+ * is sent, so a bad call on one rank fails there at once (its peers then see
+ * the call missing and time out, as with any rank that does not call).
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "collectives/coll.h"
+#include "core/config.h"
+#include "core/context.h"
+#include "core/error.h"
+#include "tensor/reduce.h"
+
+/* Sizes below which latency-bound algorithms win (docs/collectives.md has
+ * the measurements behind them). */
+#define AR_RD_MAX (16u * 1024)       /* all_reduce: recursive doubling up to this */
+#define TREE_MAX (256u * 1024)       /* broadcast/reduce: binomial tree up to this */
+#define AG_BRUCK_MAX (64u * 1024)    /* all_gather: Bruck up to this total */
+#define A2A_LINEAR_MAX (256u * 1024) /* all_to_all: everything at once up to this per pair */
+#define SEG_MIN (4u * 1024)
+
+typedef struct call {
+    tern_group_t *g;
+    const char *name;
+    size_t es;
+} call_t;
+
+/* The checks every call starts with. */
+static tern_status_t call_begin(call_t *k, tern_group_t *g, const char *name, tern_dtype_t dtype)
+{
+    k->g = g;
+    k->name = name;
+    k->es = tern_dtype_size(dtype);
+    if (g == NULL)
+        return tern__error(TERN_ERR_INVALID_PARAM, "%s: NULL group", name);
+    if (g->rank < 0)
+        return tern__error(TERN_ERR_INVALID_PARAM,
+                           "%s: world rank %u is not a member of group %u (%d ranks)", name,
+                           g->comm->rank, g->cid, g->size);
+    if (g->broken != TERN_OK)
+        return tern__error(g->broken, "%s: group %u is unusable after an earlier failure: %s",
+                           name, g->cid, g->broken_detail);
+    if (k->es == 0)
+        return tern__error(TERN_ERR_INVALID_PARAM, "%s: unknown dtype %d", name, (int)dtype);
+    return TERN_OK;
+}
+
+static tern_status_t check_root(const call_t *k, int root)
+{
+    if (root < 0 || root >= k->g->size)
+        return tern__error(TERN_ERR_INVALID_PARAM, "%s: root %d is not a rank of the group (0..%d)",
+                           k->name, root, k->g->size - 1);
+    return TERN_OK;
+}
+
+static tern_status_t check_op(const call_t *k, tern_reduce_op_t op, tern_dtype_t dtype)
+{
+    tern_status_t st = tern__reduce_check(op, dtype);
+    if (st != TERN_OK)
+        return tern__error(st, "%s: %s", k->name, tern_last_error());
+    return TERN_OK;
+}
+
+/* count * es * mult in bytes, failing rather than wrapping. */
+static tern_status_t bytes_of(const call_t *k, size_t count, size_t mult, size_t *out)
+{
+    if (count != 0 && (mult == 0 || count > SIZE_MAX / k->es / mult))
+        return tern__error(TERN_ERR_OUT_OF_RANGE, "%s: %zu elements are too many", k->name, count);
+    *out = count * k->es * mult;
+    return TERN_OK;
+}
+
+static tern_status_t check_buf(const call_t *k, const void *p, size_t bytes, const char *what)
+{
+    if (p == NULL && bytes > 0)
+        return tern__error(TERN_ERR_INVALID_PARAM, "%s: %s is NULL", k->name, what);
+    return TERN_OK;
+}
+
+/* The reduction kernels read whole elements: C's alignment for the dtype. */
+static tern_status_t check_align(const call_t *k, const void *p, const char *what)
+{
+    if ((uintptr_t)p % k->es != 0)
+        return tern__error(TERN_ERR_INVALID_PARAM, "%s: %s is not aligned to its %zu-byte elements",
+                           k->name, what, k->es);
+    return TERN_OK;
+}
+
+static bool overlap(const void *a, size_t alen, const void *b, size_t blen)
+{
+    uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
+    return alen > 0 && blen > 0 && x < y + blen && y < x + alen;
+}
+
+static const tern__config_t *cfg_of(const tern_group_t *g)
+{
+    return tern__ctx_config(g->ctx);
+}
+
+static size_t segment(const tern_group_t *g)
+{
+    size_t s = (size_t)cfg_of(g)->coll_segment;
+    return s < SEG_MIN ? SEG_MIN : s;
+}
+
+static tern_status_t start(tern__coll_t *c, tern_request_t **req)
+{
+    return tern__coll_start(c, req);
+}
+
+static tern__coll_t *coll_new(const call_t *k, tern_dtype_t dtype, tern_reduce_op_t op)
+{
+    return tern__coll_new(k->g, k->name, dtype, op);
+}
+
+/* ---- all_reduce ---- */
+
+tern_status_t tern_all_reduce(tern_group_t *g, const void *sbuf, void *rbuf, size_t count,
+                              tern_dtype_t dtype, tern_reduce_op_t op, tern_request_t **req)
+{
+    call_t k;
+    size_t bytes = 0;
+    tern_status_t st;
+    if ((st = call_begin(&k, g, "all_reduce", dtype)) != TERN_OK ||
+        (st = check_op(&k, op, dtype)) != TERN_OK || (st = bytes_of(&k, count, 1, &bytes)) != TERN_OK ||
+        (st = check_buf(&k, sbuf, bytes, "sendbuf")) != TERN_OK ||
+        (st = check_buf(&k, rbuf, bytes, "recvbuf")) != TERN_OK ||
+        (st = check_align(&k, sbuf, "sendbuf")) != TERN_OK ||
+        (st = check_align(&k, rbuf, "recvbuf")) != TERN_OK)
+        return st;
+    if (sbuf != rbuf && overlap(sbuf, bytes, rbuf, bytes))
+        return tern__error(TERN_ERR_INVALID_PARAM, "all_reduce: buffers overlap without being the "
+                           "same (pass one pointer twice for in place)");
+    int algo = (int)cfg_of(g)->coll_algo_allreduce;
+    if (algo == AR_AUTO)
+        algo = bytes <= AR_RD_MAX || count < (size_t)g->size ? AR_RD : AR_RING;
+    tern__coll_t *c = coll_new(&k, dtype, op);
+    if (c == NULL)
+        return TERN_ERR_NO_MEMORY;
+    tern__build_allreduce(c, sbuf, rbuf, count, algo, segment(g));
+    return start(c, req);
+}
+
+/* ---- broadcast ---- */
+
+tern_status_t tern_broadcast(tern_group_t *g, void *buf, size_t count, tern_dtype_t dtype, int root,
+                             tern_request_t **req)
+{
+    call_t k;
+    size_t bytes = 0;
+    tern_status_t st;
+    if ((st = call_begin(&k, g, "broadcast", dtype)) != TERN_OK ||
+        (st = check_root(&k, root)) != TERN_OK || (st = bytes_of(&k, count, 1, &bytes)) != TERN_OK ||
+        (st = check_buf(&k, buf, bytes, "buf")) != TERN_OK)
+        return st;
+    int algo = (int)cfg_of(g)->coll_algo_broadcast;
+    if (algo == BC_AUTO)
+        algo = bytes <= TREE_MAX || g->size <= 2 ? BC_BINOMIAL : BC_CHAIN;
+    tern__coll_t *c = coll_new(&k, dtype, TERN_SUM);
+    if (c == NULL)
+        return TERN_ERR_NO_MEMORY;
+    tern__build_bcast(c, buf, bytes, root, algo, segment(g));
+    return start(c, req);
+}
+
+/* ---- reduce ---- */
+
+tern_status_t tern_reduce(tern_group_t *g, const void *sbuf, void *rbuf, size_t count,
+                          tern_dtype_t dtype, tern_reduce_op_t op, int root, tern_request_t **req)
+{
+    call_t k;
+    size_t bytes = 0;
+    tern_status_t st;
+    if ((st = call_begin(&k, g, "reduce", dtype)) != TERN_OK ||
+        (st = check_root(&k, root)) != TERN_OK || (st = check_op(&k, op, dtype)) != TERN_OK ||
+        (st = bytes_of(&k, count, 1, &bytes)) != TERN_OK ||
+        (st = check_buf(&k, sbuf, bytes, "sendbuf")) != TERN_OK ||
+        (st = check_align(&k, sbuf, "sendbuf")) != TERN_OK)
+        return st;
+    if (g->rank == root) {
+        if ((st = check_buf(&k, rbuf, bytes, "recvbuf")) != TERN_OK ||
+            (st = check_align(&k, rbuf, "recvbuf")) != TERN_OK)
+            return st;
+        if (sbuf != rbuf && overlap(sbuf, bytes, rbuf, bytes))
+            return tern__error(TERN_ERR_INVALID_PARAM, "reduce: buffers overlap without being the "
+                               "same (pass one pointer twice for in place)");
+    }
+    int algo = (int)cfg_of(g)->coll_algo_reduce;
+    if (algo == BC_AUTO)
+        algo = bytes <= TREE_MAX ? BC_BINOMIAL : BC_CHAIN;
+    tern__coll_t *c = coll_new(&k, dtype, op);
+    if (c == NULL)
+        return TERN_ERR_NO_MEMORY;
+    tern__build_reduce(c, sbuf, g->rank == root ? rbuf : NULL, count, root, algo, segment(g));
+    return start(c, req);
+}
+
+/* ---- all_gather ---- */
+
+static tern_status_t all_gather_common(call_t *k, const void *sbuf, size_t scount, void *rbuf,
+                                       const size_t *counts, const size_t *displs,
+                                       tern_dtype_t dtype, bool equal, tern_request_t **req)
+{
+    tern_group_t *g = k->g;
+    size_t sbytes = 0, total = 0;
+    tern_status_t st;
+    if ((st = bytes_of(k, scount, 1, &sbytes)) != TERN_OK ||
+        (st = check_buf(k, sbuf, sbytes, "sendbuf")) != TERN_OK)
+        return st;
+    if (scount != counts[g->rank])
+        return tern__error(TERN_ERR_INVALID_PARAM, "%s: sendcount %zu but counts[%d] = %zu",
+                           k->name, scount, g->rank, counts[g->rank]);
+    for (int r = 0; r < g->size; r++) {
+        size_t end;
+        if (__builtin_add_overflow(displs[r], counts[r], &end) ||
+            (st = bytes_of(k, end, 1, &end)) != TERN_OK)
+            return tern__error(TERN_ERR_OUT_OF_RANGE, "%s: block %d is out of range", k->name, r);
+        total = end > total ? end : total;
+    }
+    if ((st = check_buf(k, rbuf, total, "recvbuf")) != TERN_OK)
+        return st;
+    const void *mine = (const char *)rbuf + displs[g->rank] * k->es;
+    if (sbuf != mine && overlap(sbuf, sbytes, rbuf, total))
+        return tern__error(TERN_ERR_INVALID_PARAM, "%s: sendbuf overlaps recvbuf without being "
+                           "this rank's block (in place)", k->name);
+    int algo = (int)cfg_of(g)->coll_algo_allgather;
+    if (!equal)
+        algo = AG_RING;
+    else if (algo == AG_AUTO)
+        algo = total <= AG_BRUCK_MAX ? AG_BRUCK : AG_RING;
+    tern__coll_t *c = coll_new(k, dtype, TERN_SUM);
+    if (c == NULL)
+        return TERN_ERR_NO_MEMORY;
+    tern__build_allgatherv(c, sbuf, rbuf, counts, displs, algo);
+    return start(c, req);
+}
+
+/* counts and displs for equal blocks of count elements. */
+static tern_status_t equal_blocks(const call_t *k, size_t count, size_t **counts, size_t **displs)
+{
+    size_t n = (size_t)k->g->size, dummy = 0;
+    tern_status_t st = bytes_of(k, count, n, &dummy);
+    if (st != TERN_OK)
+        return st;
+    *counts = malloc(n * sizeof(**counts));
+    *displs = malloc(n * sizeof(**displs));
+    if (*counts == NULL || *displs == NULL) {
+        free(*counts);
+        free(*displs);
+        return tern__error(TERN_ERR_NO_MEMORY, "%s: no memory", k->name);
+    }
+    for (size_t r = 0; r < n; r++) {
+        (*counts)[r] = count;
+        (*displs)[r] = r * count;
+    }
+    return TERN_OK;
+}
+
+tern_status_t tern_all_gather(tern_group_t *g, const void *sbuf, void *rbuf, size_t count,
+                              tern_dtype_t dtype, tern_request_t **req)
+{
+    call_t k;
+    size_t *counts = NULL, *displs = NULL;
+    tern_status_t st;
+    if ((st = call_begin(&k, g, "all_gather", dtype)) != TERN_OK ||
+        (st = equal_blocks(&k, count, &counts, &displs)) != TERN_OK)
+        return st;
+    /* The schedule keeps pointers into counts/displs only while building. */
+    st = all_gather_common(&k, sbuf, count, rbuf, counts, displs, dtype, true, req);
+    free(counts);
+    free(displs);
+    return st;
+}
+
+tern_status_t tern_all_gatherv(tern_group_t *g, const void *sbuf, size_t scount, void *rbuf,
+                               const size_t *counts, const size_t *displs, tern_dtype_t dtype,
+                               tern_request_t **req)
+{
+    call_t k;
+    tern_status_t st;
+    if ((st = call_begin(&k, g, "all_gatherv", dtype)) != TERN_OK)
+        return st;
+    if (counts == NULL || displs == NULL)
+        return tern__error(TERN_ERR_INVALID_PARAM, "all_gatherv: NULL counts or displs");
+    return all_gather_common(&k, sbuf, scount, rbuf, counts, displs, dtype, false, req);
+}
+
+/* ---- gather / scatter ---- */
+
+/* Checks the root's side of a v-call: every block in range. total = bytes. */
+static tern_status_t check_blocks(const call_t *k, const size_t *counts, const size_t *displs,
+                                  size_t *total)
+{
+    *total = 0;
+    if (counts == NULL || displs == NULL)
+        return tern__error(TERN_ERR_INVALID_PARAM, "%s: NULL counts or displs", k->name);
+    for (int r = 0; r < k->g->size; r++) {
+        size_t end;
+        if (__builtin_add_overflow(displs[r], counts[r], &end) || bytes_of(k, end, 1, &end) != TERN_OK)
+            return tern__error(TERN_ERR_OUT_OF_RANGE, "%s: block %d is out of range", k->name, r);
+        *total = end > *total ? end : *total;
+    }
+    return TERN_OK;
+}
+
+static tern_status_t gatherv_common(call_t *k, const void *sbuf, size_t scount, void *rbuf,
+                                    const size_t *counts, const size_t *displs, tern_dtype_t dtype,
+                                    int root, tern_request_t **req)
+{
+    tern_group_t *g = k->g;
+    size_t sbytes = 0, total = 0;
+    tern_status_t st;
+    if ((st = check_root(k, root)) != TERN_OK || (st = bytes_of(k, scount, 1, &sbytes)) != TERN_OK ||
+        (st = check_buf(k, sbuf, sbytes, "sendbuf")) != TERN_OK)
+        return st;
+    if (g->rank == root) {
+        if ((st = check_blocks(k, counts, displs, &total)) != TERN_OK ||
+            (st = check_buf(k, rbuf, total, "recvbuf")) != TERN_OK)
+            return st;
+        if (scount != counts[root])
+            return tern__error(TERN_ERR_INVALID_PARAM, "%s: sendcount %zu but counts[%d] = %zu",
+                               k->name, scount, root, counts[root]);
+    }
+    tern__coll_t *c = coll_new(k, dtype, TERN_SUM);
+    if (c == NULL)
+        return TERN_ERR_NO_MEMORY;
+    tern__build_gatherv(c, sbuf, scount, rbuf, counts, displs, root);
+    return start(c, req);
+}
+
+tern_status_t tern_gather(tern_group_t *g, const void *sbuf, void *rbuf, size_t count,
+                          tern_dtype_t dtype, int root, tern_request_t **req)
+{
+    call_t k;
+    size_t *counts = NULL, *displs = NULL;
+    tern_status_t st;
+    if ((st = call_begin(&k, g, "gather", dtype)) != TERN_OK ||
+        (st = equal_blocks(&k, count, &counts, &displs)) != TERN_OK)
+        return st;
+    st = gatherv_common(&k, sbuf, count, rbuf, counts, displs, dtype, root, req);
+    free(counts);
+    free(displs);
+    return st;
+}
+
+tern_status_t tern_gatherv(tern_group_t *g, const void *sbuf, size_t scount, void *rbuf,
+                           const size_t *counts, const size_t *displs, tern_dtype_t dtype, int root,
+                           tern_request_t **req)
+{
+    call_t k;
+    tern_status_t st;
+    if ((st = call_begin(&k, g, "gatherv", dtype)) != TERN_OK)
+        return st;
+    return gatherv_common(&k, sbuf, scount, rbuf, counts, displs, dtype, root, req);
+}
+
+static tern_status_t scatterv_common(call_t *k, const void *sbuf, const size_t *counts,
+                                     const size_t *displs, void *rbuf, size_t rcount,
+                                     tern_dtype_t dtype, int root, tern_request_t **req)
+{
+    tern_group_t *g = k->g;
+    size_t rbytes = 0, total = 0;
+    tern_status_t st;
+    if ((st = check_root(k, root)) != TERN_OK || (st = bytes_of(k, rcount, 1, &rbytes)) != TERN_OK ||
+        (st = check_buf(k, rbuf, rbytes, "recvbuf")) != TERN_OK)
+        return st;
+    if (g->rank == root) {
+        if ((st = check_blocks(k, counts, displs, &total)) != TERN_OK ||
+            (st = check_buf(k, sbuf, total, "sendbuf")) != TERN_OK)
+            return st;
+        if (rcount != counts[root])
+            return tern__error(TERN_ERR_INVALID_PARAM, "%s: recvcount %zu but counts[%d] = %zu",
+                               k->name, rcount, root, counts[root]);
+    }
+    tern__coll_t *c = coll_new(k, dtype, TERN_SUM);
+    if (c == NULL)
+        return TERN_ERR_NO_MEMORY;
+    tern__build_scatterv(c, sbuf, counts, displs, rbuf, rcount, root);
+    return start(c, req);
+}
+
+tern_status_t tern_scatter(tern_group_t *g, const void *sbuf, void *rbuf, size_t count,
+                           tern_dtype_t dtype, int root, tern_request_t **req)
+{
+    call_t k;
+    size_t *counts = NULL, *displs = NULL;
+    tern_status_t st;
+    if ((st = call_begin(&k, g, "scatter", dtype)) != TERN_OK ||
+        (st = equal_blocks(&k, count, &counts, &displs)) != TERN_OK)
+        return st;
+    st = scatterv_common(&k, sbuf, counts, displs, rbuf, count, dtype, root, req);
+    free(counts);
+    free(displs);
+    return st;
+}
+
+tern_status_t tern_scatterv(tern_group_t *g, const void *sbuf, const size_t *counts,
+                            const size_t *displs, void *rbuf, size_t rcount, tern_dtype_t dtype,
+                            int root, tern_request_t **req)
+{
+    call_t k;
+    tern_status_t st;
+    if ((st = call_begin(&k, g, "scatterv", dtype)) != TERN_OK)
+        return st;
+    return scatterv_common(&k, sbuf, counts, displs, rbuf, rcount, dtype, root, req);
+}
+
+/* ---- reduce_scatter ---- */
+
+tern_status_t tern_reduce_scatter(tern_group_t *g, const void *sbuf, void *rbuf, size_t count,
+                                  tern_dtype_t dtype, tern_reduce_op_t op, tern_request_t **req)
+{
+    call_t k;
+    size_t rbytes = 0, sbytes = 0;
+    tern_status_t st;
+    if ((st = call_begin(&k, g, "reduce_scatter", dtype)) != TERN_OK ||
+        (st = check_op(&k, op, dtype)) != TERN_OK || (st = bytes_of(&k, count, 1, &rbytes)) != TERN_OK ||
+        (st = bytes_of(&k, count, (size_t)g->size, &sbytes)) != TERN_OK ||
+        (st = check_buf(&k, sbuf, sbytes, "sendbuf")) != TERN_OK ||
+        (st = check_buf(&k, rbuf, rbytes, "recvbuf")) != TERN_OK ||
+        (st = check_align(&k, sbuf, "sendbuf")) != TERN_OK ||
+        (st = check_align(&k, rbuf, "recvbuf")) != TERN_OK)
+        return st;
+    const void *mine = (const char *)sbuf + (size_t)g->rank * rbytes;
+    if (rbuf != mine && overlap(sbuf, sbytes, rbuf, rbytes))
+        return tern__error(TERN_ERR_INVALID_PARAM, "reduce_scatter: recvbuf overlaps sendbuf "
+                           "without being this rank's block (in place)");
+    tern__coll_t *c = coll_new(&k, dtype, op);
+    if (c == NULL)
+        return TERN_ERR_NO_MEMORY;
+    tern__build_reduce_scatter(c, sbuf, rbuf, count, segment(g));
+    return start(c, req);
+}
+
+/* ---- all_to_all ---- */
+
+static tern_status_t all_to_all_common(call_t *k, const void *sbuf, const size_t *scounts,
+                                       const size_t *sdispls, void *rbuf, const size_t *rcounts,
+                                       const size_t *rdispls, tern_dtype_t dtype, size_t pair_bytes,
+                                       tern_request_t **req)
+{
+    tern_group_t *g = k->g;
+    size_t stotal = 0, rtotal = 0;
+    tern_status_t st;
+    if ((st = check_blocks(k, scounts, sdispls, &stotal)) != TERN_OK ||
+        (st = check_blocks(k, rcounts, rdispls, &rtotal)) != TERN_OK ||
+        (st = check_buf(k, sbuf, stotal, "sendbuf")) != TERN_OK ||
+        (st = check_buf(k, rbuf, rtotal, "recvbuf")) != TERN_OK)
+        return st;
+    if (overlap(sbuf, stotal, rbuf, rtotal))
+        return tern__error(TERN_ERR_INVALID_PARAM, "%s: sendbuf and recvbuf overlap", k->name);
+    if (scounts[g->rank] != rcounts[g->rank])
+        return tern__error(TERN_ERR_INVALID_PARAM, "%s: this rank sends itself %zu elements but "
+                           "expects %zu", k->name, scounts[g->rank], rcounts[g->rank]);
+    int algo = (int)cfg_of(g)->coll_algo_alltoall;
+    if (algo == A2A_AUTO)
+        algo = pair_bytes <= A2A_LINEAR_MAX ? A2A_LINEAR : A2A_PAIRWISE;
+    tern__coll_t *c = coll_new(k, dtype, TERN_SUM);
+    if (c == NULL)
+        return TERN_ERR_NO_MEMORY;
+    tern__build_alltoallv(c, sbuf, scounts, sdispls, rbuf, rcounts, rdispls, algo);
+    return start(c, req);
+}
+
+tern_status_t tern_all_to_all(tern_group_t *g, const void *sbuf, void *rbuf, size_t count,
+                              tern_dtype_t dtype, tern_request_t **req)
+{
+    call_t k;
+    size_t *counts = NULL, *displs = NULL;
+    tern_status_t st;
+    if ((st = call_begin(&k, g, "all_to_all", dtype)) != TERN_OK ||
+        (st = equal_blocks(&k, count, &counts, &displs)) != TERN_OK)
+        return st;
+    st = all_to_all_common(&k, sbuf, counts, displs, rbuf, counts, displs, dtype, count * k.es, req);
+    free(counts);
+    free(displs);
+    return st;
+}
+
+tern_status_t tern_all_to_allv(tern_group_t *g, const void *sbuf, const size_t *scounts,
+                               const size_t *sdispls, void *rbuf, const size_t *rcounts,
+                               const size_t *rdispls, tern_dtype_t dtype, tern_request_t **req)
+{
+    call_t k;
+    tern_status_t st;
+    if ((st = call_begin(&k, g, "all_to_allv", dtype)) != TERN_OK)
+        return st;
+    size_t most = 0;
+    for (int r = 0; scounts != NULL && r < g->size; r++)
+        most = scounts[r] > most ? scounts[r] : most;
+    return all_to_all_common(&k, sbuf, scounts, sdispls, rbuf, rcounts, rdispls, dtype,
+                             most * k.es, req);
+}
+
+/* ---- barrier ---- */
+
+tern_status_t tern_barrier(tern_group_t *g, tern_request_t **req)
+{
+    call_t k;
+    tern_status_t st;
+    if ((st = call_begin(&k, g, "barrier", TERN_DTYPE_U8)) != TERN_OK)
+        return st;
+    tern__coll_t *c = coll_new(&k, TERN_DTYPE_U8, TERN_SUM);
+    if (c == NULL)
+        return TERN_ERR_NO_MEMORY;
+    tern__build_barrier(c);
+    return start(c, req);
+}
+
+/* ---- tensors ---- */
+
+/* A tensor's memory as a flat buffer: valid, contiguous, on the CPU. */
+static tern_status_t flat(const char *name, const char *what, const tern_tensor_t *t, void **data,
+                          size_t *numel)
+{
+    int64_t n;
+    tern_status_t st;
+    if (t == NULL)
+        return tern__error(TERN_ERR_INVALID_PARAM, "%s: %s is NULL", name, what);
+    if ((st = tern_tensor_validate(t)) != TERN_OK)
+        return tern__error(st, "%s: %s: %s", name, what, tern_last_error());
+    if (t->device.type != TERN_DEVICE_CPU)
+        return tern__error(TERN_ERR_UNSUPPORTED, "%s: %s is not on the CPU (CUDA tensors need "
+                           "the GPU transport)", name, what);
+    if (!tern_tensor_is_contiguous(t))
+        return tern__error(TERN_ERR_UNSUPPORTED, "%s: %s is not contiguous", name, what);
+    if ((st = tern_tensor_numel(t, &n)) != TERN_OK)
+        return st;
+    *data = t->data;
+    *numel = (size_t)n;
+    return TERN_OK;
+}
+
+/* out and in of one call: same dtype, out's numel = in's * mult (or the reverse). */
+static tern_status_t flat_pair(const char *name, const tern_tensor_t *out, const tern_tensor_t *in,
+                               size_t out_mult, size_t in_mult, void **od, void **id, size_t *count)
+{
+    size_t on = 0, in_n = 0;
+    tern_status_t st;
+    if ((st = flat(name, "output", out, od, &on)) != TERN_OK ||
+        (st = flat(name, "input", in, id, &in_n)) != TERN_OK)
+        return st;
+    if (out->dtype != in->dtype)
+        return tern__error(TERN_ERR_INVALID_PARAM, "%s: output is %s but input is %s", name,
+                           tern_dtype_name(out->dtype), tern_dtype_name(in->dtype));
+    if (on / out_mult * out_mult != on || on / out_mult * in_mult != in_n)
+        return tern__error(TERN_ERR_INVALID_PARAM, "%s: output has %zu elements and input %zu; "
+                           "expected a ratio of %zu:%zu", name, on, in_n, out_mult, in_mult);
+    *count = on / out_mult;
+    return TERN_OK;
+}
+
+tern_status_t tern_all_reduce_tensor(tern_group_t *g, tern_tensor_t *t, tern_reduce_op_t op,
+                                     tern_request_t **req)
+{
+    void *d = NULL;
+    size_t n = 0;
+    tern_status_t st = flat("all_reduce", "tensor", t, &d, &n);
+    return st != TERN_OK ? st : tern_all_reduce(g, d, d, n, t->dtype, op, req);
+}
+
+tern_status_t tern_broadcast_tensor(tern_group_t *g, tern_tensor_t *t, int root,
+                                    tern_request_t **req)
+{
+    void *d = NULL;
+    size_t n = 0;
+    tern_status_t st = flat("broadcast", "tensor", t, &d, &n);
+    return st != TERN_OK ? st : tern_broadcast(g, d, n, t->dtype, root, req);
+}
+
+tern_status_t tern_reduce_tensor(tern_group_t *g, tern_tensor_t *t, tern_reduce_op_t op, int root,
+                                 tern_request_t **req)
+{
+    void *d = NULL;
+    size_t n = 0;
+    tern_status_t st = flat("reduce", "tensor", t, &d, &n);
+    return st != TERN_OK ? st : tern_reduce(g, d, d, n, t->dtype, op, root, req);
+}
+
+tern_status_t tern_all_gather_tensor(tern_group_t *g, tern_tensor_t *out, const tern_tensor_t *in,
+                                     tern_request_t **req)
+{
+    void *od = NULL, *id = NULL;
+    size_t n = 0;
+    tern_status_t st;
+    if (g == NULL)
+        return tern__error(TERN_ERR_INVALID_PARAM, "all_gather: NULL group");
+    if ((st = flat_pair("all_gather", out, in, (size_t)g->size, 1, &od, &id, &n)) != TERN_OK)
+        return st;
+    return tern_all_gather(g, id, od, n, in->dtype, req);
+}
+
+tern_status_t tern_reduce_scatter_tensor(tern_group_t *g, tern_tensor_t *out,
+                                         const tern_tensor_t *in, tern_reduce_op_t op,
+                                         tern_request_t **req)
+{
+    void *od = NULL, *id = NULL;
+    size_t n = 0;
+    tern_status_t st;
+    if (g == NULL)
+        return tern__error(TERN_ERR_INVALID_PARAM, "reduce_scatter: NULL group");
+    if ((st = flat_pair("reduce_scatter", out, in, 1, (size_t)g->size, &od, &id, &n)) != TERN_OK)
+        return st;
+    return tern_reduce_scatter(g, id, od, n, in->dtype, op, req);
+}
+
+tern_status_t tern_all_to_all_tensor(tern_group_t *g, tern_tensor_t *out, const tern_tensor_t *in,
+                                     tern_request_t **req)
+{
+    void *od = NULL, *id = NULL;
+    size_t n = 0;
+    tern_status_t st;
+    if (g == NULL)
+        return tern__error(TERN_ERR_INVALID_PARAM, "all_to_all: NULL group");
+    if ((st = flat_pair("all_to_all", out, in, 1, 1, &od, &id, &n)) != TERN_OK)
+        return st;
+    if (n % (size_t)g->size != 0)
+        return tern__error(TERN_ERR_INVALID_PARAM, "all_to_all: %zu elements do not split "
+                           "evenly over %d ranks", n, g->size);
+    return tern_all_to_all(g, id, od, n / (size_t)g->size, in->dtype, req);
+}
+
+tern_status_t tern_gather_tensor(tern_group_t *g, tern_tensor_t *out, const tern_tensor_t *in,
+                                 int root, tern_request_t **req)
+{
+    void *od = NULL, *id = NULL;
+    size_t n = 0, on = 0;
+    tern_status_t st;
+    if (g == NULL)
+        return tern__error(TERN_ERR_INVALID_PARAM, "gather: NULL group");
+    if (g->rank != root)
+        st = flat("gather", "input", in, &id, &n);
+    else if ((st = flat_pair("gather", out, in, (size_t)g->size, 1, &od, &id, &on)) == TERN_OK)
+        n = on;
+    return st != TERN_OK ? st : tern_gather(g, id, od, n, in->dtype, root, req);
+}
+
+tern_status_t tern_scatter_tensor(tern_group_t *g, tern_tensor_t *out, const tern_tensor_t *in,
+                                  int root, tern_request_t **req)
+{
+    void *od = NULL, *id = NULL;
+    size_t n = 0, on = 0;
+    tern_status_t st;
+    if (g == NULL)
+        return tern__error(TERN_ERR_INVALID_PARAM, "scatter: NULL group");
+    if (g->rank != root)
+        st = flat("scatter", "output", out, &od, &n);
+    else if ((st = flat_pair("scatter", out, in, 1, (size_t)g->size, &od, &id, &on)) == TERN_OK)
+        n = on;
+    return st != TERN_OK ? st : tern_scatter(g, id, od, n, out->dtype, root, req);
+}

@@ -1,0 +1,515 @@
+/*
+ * The schedule engine (coll.h has the model).
+ *
+ * A collective is advanced by one thread at a time (its busy flag), with the
+ * comm lock NOT held, so reductions never block the transport: whoever
+ * progresses the transport (a waiter, tern_request_test, or the progress
+ * thread) picks up the collectives a completion kicked and moves them on.
+ *
+ * Failure. The first step that fails (a lost peer, a size that does not match,
+ * no progress for the timeout) marks the collective failing: nothing new is
+ * started, what is posted is withdrawn (tern__p2p_cancel), and the collective
+ * finishes once nothing it posted is still out, because a receive whose data
+ * is being read may still write into its buffer. The group is then broken.
+ */
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <tern/clock.h>
+
+#include "collectives/coll.h"
+#include "core/bytes.h"
+#include "core/context.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "tensor/reduce.h"
+
+/* Collectives one progress call advances at most; more are kicked again. */
+#define PICK_MAX 16
+
+/* ---- building ---- */
+
+tern__coll_t *tern__coll_new(tern_group_t *g, const char *op_name, tern_dtype_t dtype,
+                             tern_reduce_op_t op)
+{
+    tern__coll_t *c = calloc(1, sizeof(*c));
+    if (c == NULL) {
+        tern__error(TERN_ERR_NO_MEMORY, "%s: no memory", op_name);
+        return NULL;
+    }
+    c->req.comm = g->comm;
+    c->req.kind = REQ_COLL;
+    c->req.coll = c;
+    c->req.peer = -1;
+    c->g = g;
+    c->op_name = op_name;
+    c->seq = g->seq++;
+    c->dtype = dtype;
+    c->op = op;
+    c->timeout_ns = tern__ctx_timeout(g->ctx);
+    atomic_flag_clear(&c->busy);
+    return c;
+}
+
+void tern__coll_discard(tern__coll_t *c)
+{
+    if (c == NULL)
+        return;
+    free(c->steps);
+    free(c->scratch);
+    free(c);
+}
+
+void *tern__coll_scratch(tern__coll_t *c, size_t bytes)
+{
+    /* One block per call: the builders carve it up themselves. */
+    if (c->scratch != NULL || bytes == 0)
+        return c->scratch;
+    c->scratch = malloc(bytes);
+    if (c->scratch == NULL)
+        c->oom = true;
+    return c->scratch;
+}
+
+static int add_step(tern__coll_t *c, const step_t *s)
+{
+    if (c->oom)
+        return -1;
+    if (c->nsteps == c->cap) {
+        size_t cap = c->cap ? c->cap * 2 : 16;
+        step_t *n = realloc(c->steps, cap * sizeof(*n));
+        if (n == NULL) {
+            c->oom = true;
+            return -1;
+        }
+        c->steps = n;
+        c->cap = cap;
+    }
+    c->steps[c->nsteps] = *s;
+    return (int)c->nsteps++;
+}
+
+int tern__coll_send(tern__coll_t *c, int peer, uint32_t tag, const void *buf, size_t bytes,
+                    int dep0, int dep1)
+{
+    step_t s = {.kind = STEP_SEND, .peer = peer, .tag = tag, .a = buf, .n = bytes,
+                .dep = {dep0, dep1}};
+    return add_step(c, &s);
+}
+
+int tern__coll_recv(tern__coll_t *c, int peer, uint32_t tag, void *buf, size_t bytes, int dep0,
+                    int dep1)
+{
+    step_t s = {.kind = STEP_RECV, .peer = peer, .tag = tag, .dst = buf, .n = bytes,
+                .dep = {dep0, dep1}};
+    return add_step(c, &s);
+}
+
+int tern__coll_reduce(tern__coll_t *c, void *dst, const void *a, const void *b, size_t count,
+                      int dep0, int dep1)
+{
+    step_t s = {.kind = STEP_REDUCE, .dst = dst, .a = a, .b = b, .n = count, .dep = {dep0, dep1}};
+    return add_step(c, &s);
+}
+
+int tern__coll_copy(tern__coll_t *c, void *dst, const void *src, size_t bytes, int dep0, int dep1)
+{
+    step_t s = {.kind = STEP_COPY, .dst = dst, .a = src, .n = bytes, .dep = {dep0, dep1}};
+    return add_step(c, &s);
+}
+
+int tern__coll_scale(tern__coll_t *c, void *buf, size_t count, int dep0, int dep1)
+{
+    step_t s = {.kind = STEP_SCALE, .dst = buf, .n = count, .dep = {dep0, dep1}};
+    return add_step(c, &s);
+}
+
+/* ---- running ---- */
+
+static uint32_t wire_tag(const tern__coll_t *c, const step_t *s)
+{
+    /* 16 bits of sequence, 15 of step: within TERN_TAG_MAX. Tags repeat only
+     * 32768 steps apart between one pair in one call, and the schedules never
+     * have that many messages between a pair in flight at once. */
+    return (c->seq & 0xffffu) << 15 | (s->tag & 0x7fffu);
+}
+
+/* ---- telling the others ----
+ *
+ * A rank that sees a call fail tells every other member at once (ABORT:
+ * class COLL, slot 1; payload cid u32, seq u32, status i32, text), so that
+ * ranks waiting on it, or on ranks waiting on it, fail now with the first
+ * cause instead of timing out one after another with less to say. Receivers
+ * never pass it on.
+ */
+#define MSG_ABORT 1u
+#define ABORT_HDR 12u
+
+static void abort_sent(void *arg, tern_status_t st)
+{
+    (void)st;
+    free(arg);
+}
+
+/* Lock held. */
+static void send_abort(tern__coll_t *c)
+{
+    tern__comm_t *comm = c->g->comm;
+    size_t tlen = strnlen(c->detail, sizeof(c->detail) - 1), len = ABORT_HDR + tlen;
+    for (int r = 0; r < c->g->size; r++) {
+        int w = c->g->world[r];
+        tern_ep_t *ep;
+        if (r == c->g->rank || comm->peer_failed[w] != TERN_OK || tern__comm_ep(comm, w, &ep) != TERN_OK)
+            continue;
+        uint8_t *m = malloc(len);
+        if (m == NULL)
+            return;
+        tern__put_le32(m, c->g->cid);
+        tern__put_le32(m + 4, c->seq);
+        tern__put_le32(m + 8, (uint32_t)c->failing);
+        memcpy(m + ABORT_HDR, c->detail, tlen);
+        tern_op_params_t op = {.field_mask = TERN_OP_PARAM_CB, .cb = abort_sent, .cb_arg = m};
+        if (tern_ep_send(ep, tern_imm_make(TERN_IMM_COLL, 0, 0, MSG_ABORT), m, len, &op) !=
+            TERN_INPROGRESS)
+            free(m);
+    }
+}
+
+void tern__coll_on_message(tern__comm_t *comm, const tern_event_t *ev, void *arg)
+{
+    coll_state_t *cs = arg;
+    const uint8_t *p = ev->data;
+    if (ev->type != TERN_EVENT_RECV || tern_imm_slot(ev->imm) != MSG_ABORT || ev->len < ABORT_HDR) {
+        if (ev->type == TERN_EVENT_RECV)
+            tern_warn("collectives: dropped a malformed message from rank %u", ev->src);
+        return;
+    }
+    uint32_t cid = tern__get_le32(p), seq = tern__get_le32(p + 4);
+    tern_status_t st = (tern_status_t)(int32_t)tern__get_le32(p + 8);
+    if (st >= TERN_OK)
+        st = TERN_ERR_PROTOCOL;
+    char text[200];
+    int tl = (int)(ev->len - ABORT_HDR < 150 ? ev->len - ABORT_HDR : 150);
+    snprintf(text, sizeof(text), "rank %u reported: %.*s", ev->src, tl, (const char *)p + ABORT_HDR);
+    for (tern__coll_t *c = cs->active; c != NULL; c = c->next) {
+        if (c->g->cid == cid && c->seq == seq) {
+            if (atomic_load(&c->reported) == TERN_OK) {
+                snprintf(c->reported_detail, sizeof(c->reported_detail), "%s", text);
+                atomic_store(&c->reported, (int)st);
+            }
+            atomic_store(&comm->coll_kick, true);
+            return;
+        }
+    }
+    /* Not in flight here: this rank may not have reached the call yet. */
+    abort_note_t *n = &cs->notes[cs->nnotes++ % ABORT_NOTES];
+    *n = (abort_note_t){.cid = cid, .seq = seq, .status = st};
+    snprintf(n->detail, sizeof(n->detail), "%s", text);
+}
+
+static void fail_as(tern__coll_t *c, tern_status_t st, bool tell, const char *why)
+{
+    if (c->failing != TERN_OK)
+        return;
+    c->failing = st;
+    snprintf(c->detail, sizeof(c->detail), "%s #%" PRIu32 " on group %" PRIu32 " failed: %s",
+             c->op_name, c->seq, c->g->cid, why);
+    tern_warn("%s", c->detail);
+
+    tern__comm_t *comm = c->g->comm;
+    pthread_mutex_lock(&comm->lock);
+    if (tell)
+        send_abort(c);
+    for (size_t i = c->first; i < c->nsteps; i++) {
+        step_t *s = &c->steps[i];
+        if (s->state == STEP_POSTED)
+            tern__p2p_cancel(comm, s->req);
+    }
+    pthread_mutex_unlock(&comm->lock);
+}
+
+static void fail(tern__coll_t *c, tern_status_t st, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static void fail(tern__coll_t *c, tern_status_t st, const char *fmt, ...)
+{
+    char why[160];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof(why), fmt, ap);
+    va_end(ap);
+    fail_as(c, st, true, why);
+}
+
+static bool ready(const tern__coll_t *c, const step_t *s)
+{
+    for (int k = 0; k < 2; k++)
+        if (s->dep[k] >= 0 && c->steps[s->dep[k]].state != STEP_DONE)
+            return false;
+    return true;
+}
+
+/* A posted step's request completed: take its outcome. */
+static void reap(tern__coll_t *c, step_t *s)
+{
+    tern__comm_t *comm = c->g->comm;
+    tern_msg_info_t info;
+    tern_status_t st;
+
+    pthread_mutex_lock(&comm->lock);
+    st = tern__req_release(comm, s->req, &info);
+    pthread_mutex_unlock(&comm->lock);
+    s->req = NULL;
+    s->state = STEP_DONE;
+    int w = c->g->world[s->peer];
+    if (st == TERN_ERR_CANCELED && c->failing != TERN_OK)
+        return;
+    if (s->kind == STEP_RECV && (st == TERN_ERR_TRUNCATED || (st == TERN_OK && info.len != s->n))) {
+        fail(c, TERN_ERR_MISMATCH,
+             "rank %d sent %zu bytes where %zu were expected (do counts or dtypes differ "
+             "across ranks?)", w, info.len, s->n);
+        return;
+    }
+    if (st == TERN_ERR_TRUNCATED) {
+        fail(c, TERN_ERR_MISMATCH, "rank %d expected fewer than the %zu bytes sent to it (do "
+             "counts or dtypes differ across ranks?)", w, s->n);
+        return;
+    }
+    if (st != TERN_OK)
+        fail(c, st, "%s rank %d: %s", s->kind == STEP_SEND ? "sending to" : "receiving from", w,
+             tern_strerror(st));
+}
+
+/* Start a step whose inputs are ready. */
+static void launch(tern__coll_t *c, step_t *s)
+{
+    tern__comm_t *comm = c->g->comm;
+    tern_status_t st = TERN_OK;
+    int w;
+
+    switch ((step_kind_t)s->kind) {
+    case STEP_SEND:
+    case STEP_RECV:
+        w = c->g->world[s->peer];
+        if (s->kind == STEP_SEND)
+            st = tern__p2p_isend(comm, c->g->cid, s->a, s->n, w, (int)wire_tag(c, s), &s->req);
+        else
+            st = tern__p2p_irecv(comm, c->g->cid, s->dst, s->n, w, (int)wire_tag(c, s), &s->req);
+        if (st != TERN_OK) {
+            s->state = STEP_DONE;
+            fail(c, st, "%s rank %d: %s", s->kind == STEP_SEND ? "sending to" : "receiving from",
+                 w, tern_last_error());
+            return;
+        }
+        s->state = STEP_POSTED;
+        if (atomic_load_explicit(&s->req->done, memory_order_acquire))
+            reap(c, s);
+        return;
+    case STEP_REDUCE:
+        st = tern__reduce_par(tern_ctx_pool(c->g->ctx), c->op, c->dtype, s->dst, s->a, s->b, s->n);
+        break;
+    case STEP_COPY:
+        if (s->n > 0 && s->dst != s->a)
+            memcpy(s->dst, s->a, s->n);
+        break;
+    case STEP_SCALE:
+        st = tern__reduce_scale(c->dtype, s->dst, s->n, (uint64_t)c->g->size);
+        break;
+    }
+    s->state = STEP_DONE;
+    if (st != TERN_OK)
+        fail(c, st, "local step: %s", tern_last_error());
+}
+
+/* Peers of posted steps that have not answered, for the timeout's message. */
+static void describe_pending(const tern__coll_t *c, char *buf, size_t size)
+{
+    size_t used = 0;
+    int listed = 0;
+    buf[0] = '\0';
+    for (size_t i = c->first; i < c->nsteps && used + 32 < size; i++) {
+        const step_t *s = &c->steps[i];
+        if (s->state != STEP_POSTED)
+            continue;
+        int w = c->g->world[s->peer];
+        bool seen = false;
+        for (size_t j = c->first; j < i && !seen; j++)
+            seen = c->steps[j].state == STEP_POSTED && c->g->world[c->steps[j].peer] == w;
+        if (seen)
+            continue;
+        used += (size_t)snprintf(buf + used, size - used, "%s%d", listed++ ? ", " : "", w);
+    }
+}
+
+/* Fail if a member is known lost or nothing moved for the timeout. */
+static void check_health(tern__coll_t *c, uint64_t now)
+{
+    tern__comm_t *comm = c->g->comm;
+    for (int r = 0; r < c->g->size; r++) {
+        int w = c->g->world[r];
+        if (comm->peer_failed[w] != TERN_OK) {
+            fail(c, comm->peer_failed[w], "rank %d was lost", w);
+            return;
+        }
+    }
+    if (c->timeout_ns >= 0 && now - c->last_move > (uint64_t)c->timeout_ns) {
+        char peers[128];
+        describe_pending(c, peers, sizeof(peers));
+        fail(c, TERN_ERR_TIMEOUT, "no progress for %lld ms; waiting on rank(s) %s",
+             (long long)(c->timeout_ns / 1000000), peers[0] ? peers : "(none posted)");
+    }
+}
+
+/* Hand the outcome to the waiter. After this, c belongs to whoever waits. */
+static void finish(tern__coll_t *c)
+{
+    tern__comm_t *comm = c->g->comm;
+    coll_state_t *cs = tern__coll_state(comm);
+    pthread_mutex_lock(&comm->lock);
+    for (tern__coll_t **pp = &cs->active; *pp != NULL; pp = &(*pp)->next) {
+        if (*pp == c) {
+            *pp = c->next;
+            break;
+        }
+    }
+    atomic_fetch_sub(&comm->coll_active, 1);
+    if (c->failing != TERN_OK && c->g->broken == TERN_OK) {
+        c->g->broken = c->failing;
+        snprintf(c->g->broken_detail, sizeof(c->g->broken_detail), "%s", c->detail);
+    }
+    atomic_flag_clear(&c->busy);
+    tern__req_complete(&c->req, c->failing);
+    pthread_mutex_unlock(&comm->lock);
+}
+
+/* Move c on as far as it goes (busy held). Returns true once it finished,
+ * after which c must not be touched. */
+static bool advance(tern__coll_t *c, bool check_time)
+{
+    bool moved, any = false;
+    if (c->failing == TERN_OK && atomic_load_explicit(&c->reported, memory_order_relaxed) != TERN_OK) {
+        char why[200];
+        tern__comm_t *comm = c->g->comm;
+        pthread_mutex_lock(&comm->lock);
+        snprintf(why, sizeof(why), "%s", c->reported_detail);
+        tern_status_t st = (tern_status_t)atomic_load(&c->reported);
+        pthread_mutex_unlock(&comm->lock);
+        fail_as(c, st, false, why);
+    }
+    do {
+        moved = false;
+        for (size_t i = c->first; i < c->nsteps; i++) {
+            step_t *s = &c->steps[i];
+            if (s->state == STEP_POSTED) {
+                if (!atomic_load_explicit(&s->req->done, memory_order_acquire))
+                    continue;
+                reap(c, s);
+                moved = true;
+            } else if (s->state == STEP_IDLE && c->failing == TERN_OK && ready(c, s)) {
+                launch(c, s);
+                moved = true;
+            }
+            if (s->state == STEP_DONE && i == c->first)
+                c->first++;
+        }
+        any |= moved;
+    } while (moved);
+
+    bool outstanding = false;
+    for (size_t i = c->first; i < c->nsteps && !outstanding; i++)
+        outstanding = c->steps[i].state == STEP_POSTED;
+    if ((c->failing == TERN_OK && c->first == c->nsteps) || (c->failing != TERN_OK && !outstanding)) {
+        finish(c);
+        return true;
+    }
+    if (any || check_time) {
+        uint64_t now = tern_clock_ns();
+        if (any || c->last_move == 0)
+            c->last_move = now;
+        else if (c->failing == TERN_OK)
+            check_health(c, now);
+        if (c->failing != TERN_OK && !outstanding) {
+            finish(c);
+            return true;
+        }
+    }
+    return false;
+}
+
+static void progress_hook(tern__comm_t *comm, bool check_time)
+{
+    coll_state_t *cs = tern__coll_state(comm);
+    tern__coll_t *pick[PICK_MAX];
+    size_t n = 0;
+    bool more = false;
+
+    pthread_mutex_lock(&comm->lock);
+    for (tern__coll_t *c = cs->active; c != NULL; c = c->next) {
+        if (n == PICK_MAX) {
+            more = true;
+            break;
+        }
+        /* Taken under the lock: a collective in the list is not finished, so
+         * not freed, and once busy is ours it cannot finish under us. */
+        if (!atomic_flag_test_and_set(&c->busy))
+            pick[n++] = c;
+    }
+    pthread_mutex_unlock(&comm->lock);
+    for (size_t i = 0; i < n; i++)
+        if (!advance(pick[i], check_time))
+            atomic_flag_clear(&pick[i]->busy);
+    if (more)
+        atomic_store(&comm->coll_kick, true);
+}
+
+static void free_hook(tern_request_t *req)
+{
+    tern__coll_t *c = req->coll;
+    if (req->status != TERN_OK)
+        tern__error(req->status, "%s", c->detail);
+    tern__coll_discard(c);
+}
+
+void tern__coll_install_hooks(tern__comm_t *comm)
+{
+    comm->coll_progress = progress_hook;
+    comm->coll_free = free_hook;
+}
+
+tern_status_t tern__coll_start(tern__coll_t *c, tern_request_t **req)
+{
+    tern__comm_t *comm = c->g->comm;
+    coll_state_t *cs = tern__coll_state(comm);
+
+    if (c->oom) {
+        tern_status_t st = tern__error(TERN_ERR_NO_MEMORY, "%s: no memory for its schedule",
+                                       c->op_name);
+        tern__coll_discard(c);
+        return st;
+    }
+    c->last_move = tern_clock_ns();
+    atomic_flag_test_and_set(&c->busy);
+    pthread_mutex_lock(&comm->lock);
+    for (unsigned i = 0; i < ABORT_NOTES && i < cs->nnotes; i++) {
+        abort_note_t *n = &cs->notes[i];
+        if (n->cid == c->g->cid && n->seq == c->seq && n->status != TERN_OK) {
+            snprintf(c->reported_detail, sizeof(c->reported_detail), "%s", n->detail);
+            atomic_store(&c->reported, (int)n->status);
+            n->status = TERN_OK;
+        }
+    }
+    c->next = cs->active;
+    cs->active = c;
+    atomic_fetch_add(&comm->coll_active, 1);
+    pthread_mutex_unlock(&comm->lock);
+    if (!advance(c, false))
+        atomic_flag_clear(&c->busy);
+    if (req != NULL) {
+        *req = &c->req;
+        return TERN_OK;
+    }
+    return tern_request_wait(&c->req, -1, NULL);
+}

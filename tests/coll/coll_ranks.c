@@ -1,0 +1,678 @@
+/*
+ * Collectives across real ranks (tern-run -n N, N = 1..8, over each
+ * transport). Every operation x dtype x op is checked against a reference
+ * each rank computes on its own from the inputs every rank derives from
+ * (rank, index); values are small integers so sums and products are exact in
+ * every dtype and the reference does not depend on the order of combination.
+ * Also: results bit-identical on every rank (checked by gathering them),
+ * in-place forms, blocking and non-blocking, sub-groups (overlapping, back to
+ * back), concurrent collectives on two groups, non-members, bad arguments,
+ * mismatched counts.
+ *
+ * Modes (argv[1]):
+ *   (none)   the suite above;
+ *   --big    also a 64 MiB all_reduce, reduce_scatter and all_gather;
+ *   --die    the last rank exits in the middle of a run of all_reduces: the
+ *            others must fail within TERN_TIMEOUT with an error naming the
+ *            operation, its sequence number and a rank;
+ *   --hang   the last rank stops calling (alive): the others must time out
+ *            naming the rank they wait on.
+ */
+#include <inttypes.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <tern/tern.h>
+
+static int rank, world;
+static tern_ctx_t *ctx;
+static tern_group_t *W;
+static unsigned long checks;
+
+#define CHECK(cond, ...)                                                        \
+    do {                                                                        \
+        if (!(cond)) {                                                          \
+            fprintf(stderr, "rank %d: FAIL %s:%d: ", rank, __func__, __LINE__); \
+            fprintf(stderr, __VA_ARGS__);                                       \
+            fprintf(stderr, " [%s]\n", tern_last_error());                      \
+            exit(1);                                                            \
+        }                                                                       \
+        checks++;                                                               \
+    } while (0)
+
+#define OK(call) CHECK((call) == TERN_OK, "%s", #call)
+
+static const tern_dtype_t DTYPES[] = {TERN_DTYPE_F16, TERN_DTYPE_BF16, TERN_DTYPE_F32,
+                                      TERN_DTYPE_F64, TERN_DTYPE_I8,   TERN_DTYPE_I32,
+                                      TERN_DTYPE_I64, TERN_DTYPE_U8,   TERN_DTYPE_I16,
+                                      TERN_DTYPE_BOOL};
+#define NDTYPES (sizeof(DTYPES) / sizeof(DTYPES[0]))
+static const size_t COUNTS[] = {0, 1, 7, 1003, 4097, 65537};
+#define NCOUNTS (sizeof(COUNTS) / sizeof(COUNTS[0]))
+
+static bool is_float(tern_dtype_t dt)
+{
+    return dt == TERN_DTYPE_F16 || dt == TERN_DTYPE_BF16 || dt == TERN_DTYPE_F32 ||
+           dt == TERN_DTYPE_F64;
+}
+
+/* ---- values as doubles, stored in any dtype ---- */
+
+static uint16_t to_f16(double v) /* exact for the small integers used here */
+{
+    if (v == 0)
+        return 0;
+    uint16_t sign = v < 0 ? 0x8000 : 0;
+    v = fabs(v);
+    int e;
+    double m = frexp(v, &e); /* v = m * 2^e, m in [0.5, 1) */
+    uint16_t exp = (uint16_t)(e - 1 + 15), man = (uint16_t)((m * 2 - 1) * 1024 + 0.5);
+    return sign | (uint16_t)(exp << 10) | man;
+}
+
+static double from_f16(uint16_t h)
+{
+    int exp = h >> 10 & 0x1f, man = h & 0x3ff;
+    double v = exp == 0 ? ldexp(man, -24) : ldexp(1024 + man, exp - 25);
+    return h & 0x8000 ? -v : v;
+}
+
+static void put(tern_dtype_t dt, void *p, size_t i, double v)
+{
+    float f = (float)v;
+    uint32_t b;
+    int64_t iv = (int64_t)v;
+    switch (dt) {
+    case TERN_DTYPE_F16: ((uint16_t *)p)[i] = to_f16(v); break;
+    case TERN_DTYPE_BF16:
+        memcpy(&b, &f, 4);
+        ((uint16_t *)p)[i] = (uint16_t)(b >> 16); /* exact for small integers */
+        break;
+    case TERN_DTYPE_F32: ((float *)p)[i] = f; break;
+    case TERN_DTYPE_F64: ((double *)p)[i] = v; break;
+    case TERN_DTYPE_I8: ((int8_t *)p)[i] = (int8_t)(uint8_t)(uint64_t)iv; break;
+    case TERN_DTYPE_I16: ((int16_t *)p)[i] = (int16_t)(uint16_t)(uint64_t)iv; break;
+    case TERN_DTYPE_I32: ((int32_t *)p)[i] = (int32_t)(uint32_t)(uint64_t)iv; break;
+    case TERN_DTYPE_I64: ((int64_t *)p)[i] = iv; break;
+    case TERN_DTYPE_U8: ((uint8_t *)p)[i] = (uint8_t)(uint64_t)iv; break;
+    case TERN_DTYPE_BOOL: ((uint8_t *)p)[i] = iv != 0; break;
+    }
+}
+
+static double get(tern_dtype_t dt, const void *p, size_t i)
+{
+    uint32_t b;
+    float f;
+    switch (dt) {
+    case TERN_DTYPE_F16: return from_f16(((const uint16_t *)p)[i]);
+    case TERN_DTYPE_BF16:
+        b = (uint32_t)((const uint16_t *)p)[i] << 16;
+        memcpy(&f, &b, 4);
+        return f;
+    case TERN_DTYPE_F32: return ((const float *)p)[i];
+    case TERN_DTYPE_F64: return ((const double *)p)[i];
+    case TERN_DTYPE_I8: return ((const int8_t *)p)[i];
+    case TERN_DTYPE_I16: return ((const int16_t *)p)[i];
+    case TERN_DTYPE_I32: return ((const int32_t *)p)[i];
+    case TERN_DTYPE_I64: return (double)((const int64_t *)p)[i];
+    case TERN_DTYPE_U8: return ((const uint8_t *)p)[i];
+    case TERN_DTYPE_BOOL: return ((const uint8_t *)p)[i];
+    }
+    return NAN;
+}
+
+/* Input of world rank w at index i for op: products stay small and exact. */
+static double input(int w, size_t i, tern_reduce_op_t op, tern_dtype_t dt)
+{
+    if (dt == TERN_DTYPE_BOOL)
+        return (double)((w + i) % 3 == 0);
+    if (op == TERN_PROD)
+        return (double)(1 + (w + i) % 2);
+    double v = (double)((w * 7 + i * 3) % 5);
+    return is_float(dt) && op != TERN_AVG ? v - 2 : v; /* negatives where they are exact */
+}
+
+static double combine(tern_reduce_op_t op, tern_dtype_t dt, double acc, double x)
+{
+    if (dt == TERN_DTYPE_BOOL)
+        return op == TERN_SUM || op == TERN_MAX ? (acc || x) : (acc && x);
+    switch (op) {
+    case TERN_SUM:
+    case TERN_AVG: return acc + x;
+    case TERN_PROD: return acc * x;
+    case TERN_MAX: return x > acc ? x : acc;
+    case TERN_MIN: return x < acc ? x : acc;
+    }
+    return NAN;
+}
+
+/* The reduced value at i over the group's members, stored and read back in
+ * dt so integer wraparound matches. */
+static double expect(const tern_group_t *g, size_t i, tern_reduce_op_t op, tern_dtype_t dt)
+{
+    int n = tern_group_size(g);
+    double acc = input(tern_group_world_rank(g, 0), i, op, dt);
+    for (int r = 1; r < n; r++)
+        acc = combine(op, dt, acc, input(tern_group_world_rank(g, r), i, op, dt));
+    if (op == TERN_AVG)
+        acc /= n;
+    uint8_t cell[8];
+    put(dt, cell, 0, acc);
+    return op == TERN_AVG ? acc : get(dt, cell, 0);
+}
+
+static bool close_to(tern_dtype_t dt, double got, double want, tern_reduce_op_t op)
+{
+    if (op != TERN_AVG)
+        return got == want;
+    double tol = dt == TERN_DTYPE_F16 || dt == TERN_DTYPE_BF16 ? 1e-2 : dt == TERN_DTYPE_F32 ? 1e-6 : 1e-12;
+    return fabs(got - want) <= tol * (fabs(want) + 1);
+}
+
+static void *xmalloc(size_t n)
+{
+    void *p = malloc(n ? n : 1);
+    CHECK(p != NULL, "malloc %zu", n);
+    return p;
+}
+
+/* Wait for *req when the call was non-blocking (req was passed), else the
+ * call's own status. Takes the address: the call sets *req. */
+static tern_status_t finish(tern_status_t st, tern_request_t **req)
+{
+    if (st != TERN_OK || *req == NULL)
+        return st;
+    tern_request_t *r = *req;
+    *req = NULL;
+    return tern_request_wait(r, -1, NULL);
+}
+
+/* Every member got the same bytes: gather them onto each rank and compare. */
+static void same_everywhere(tern_group_t *g, const void *buf, size_t bytes, const char *what)
+{
+    int n = tern_group_size(g);
+    if (n == 1 || bytes == 0)
+        return;
+    uint8_t *all = xmalloc(bytes * (size_t)n);
+    OK(tern_all_gather(g, buf, all, bytes, TERN_DTYPE_U8, NULL));
+    for (int r = 1; r < n; r++)
+        CHECK(memcmp(all, all + (size_t)r * bytes, bytes) == 0, "%s: rank %d's result differs "
+              "from rank 0's", what, tern_group_world_rank(g, r));
+    free(all);
+}
+
+/* ---- the operations ---- */
+
+static void check_all_reduce(tern_group_t *g, tern_dtype_t dt, tern_reduce_op_t op, size_t count,
+                             int variant)
+{
+    size_t es = tern_dtype_size(dt), bytes = count * es;
+    uint8_t *in = xmalloc(bytes), *out = xmalloc(bytes);
+    for (size_t i = 0; i < count; i++)
+        put(dt, in, i, input(rank, i, op, dt));
+    bool inplace = variant & 1, async = variant & 2;
+    tern_request_t *req = NULL;
+    void *dst = inplace ? in : out;
+    OK(finish(tern_all_reduce(g, in, dst, count, dt, op, async ? &req : NULL), &req));
+    for (size_t i = 0; i < count; i++) {
+        double got = get(dt, dst, i), want = expect(g, i, op, dt);
+        CHECK(close_to(dt, got, want, op), "all_reduce %s %s count %zu [%zu]: got %g want %g",
+              tern_dtype_name(dt), tern_reduce_op_name(op), count, i, got, want);
+    }
+    if (is_float(dt) && count > 0 && count < 5000)
+        same_everywhere(g, dst, bytes, "all_reduce");
+    free(in);
+    free(out);
+}
+
+static void check_reduce(tern_group_t *g, tern_dtype_t dt, tern_reduce_op_t op, size_t count,
+                         int root)
+{
+    size_t es = tern_dtype_size(dt), bytes = count * es;
+    uint8_t *in = xmalloc(bytes), *out = xmalloc(bytes);
+    bool me = tern_group_rank(g) == root, inplace = count % 2 == 1;
+    for (size_t i = 0; i < count; i++)
+        put(dt, in, i, input(rank, i, op, dt));
+    void *dst = inplace ? in : out;
+    OK(tern_reduce(g, in, me ? dst : NULL, count, dt, op, root, NULL));
+    for (size_t i = 0; me && i < count; i++) {
+        double got = get(dt, dst, i), want = expect(g, i, op, dt);
+        CHECK(close_to(dt, got, want, op), "reduce %s %s count %zu root %d [%zu]: got %g want %g",
+              tern_dtype_name(dt), tern_reduce_op_name(op), count, root, i, got, want);
+    }
+    free(in);
+    free(out);
+}
+
+static void check_reduce_scatter(tern_group_t *g, tern_dtype_t dt, tern_reduce_op_t op,
+                                 size_t count)
+{
+    int n = tern_group_size(g), me = tern_group_rank(g);
+    size_t es = tern_dtype_size(dt);
+    uint8_t *in = xmalloc(count * es * (size_t)n), *out = xmalloc(count * es);
+    for (size_t i = 0; i < count * (size_t)n; i++)
+        put(dt, in, i, input(rank, i, op, dt));
+    bool inplace = count % 2 == 1;
+    void *dst = inplace ? in + (size_t)me * count * es : out;
+    OK(tern_reduce_scatter(g, in, dst, count, dt, op, NULL));
+    for (size_t i = 0; i < count; i++) {
+        double got = get(dt, dst, i), want = expect(g, (size_t)me * count + i, op, dt);
+        CHECK(close_to(dt, got, want, op), "reduce_scatter %s %s count %zu [%zu]: got %g want %g",
+              tern_dtype_name(dt), tern_reduce_op_name(op), count, i, got, want);
+    }
+    free(in);
+    free(out);
+}
+
+static uint8_t pat(int w, size_t i)
+{
+    return (uint8_t)(w * 31 + i * 7 + (i >> 8));
+}
+
+/* Byte-moving operations: the dtype only scales the counts. */
+static void check_movers(tern_group_t *g, tern_dtype_t dt, size_t count)
+{
+    int n = tern_group_size(g), me = tern_group_rank(g);
+    size_t es = tern_dtype_size(dt), B = count * es, N = (size_t)n;
+    uint8_t *buf = xmalloc(B * N), *all = xmalloc(B * N), *one = xmalloc(B);
+    tern_request_t *req = NULL;
+
+    /* broadcast from each root in turn */
+    for (int root = 0; root < n; root++) {
+        int rw = tern_group_world_rank(g, root);
+        for (size_t i = 0; i < B; i++)
+            one[i] = rank == rw ? pat(rw, i) : 0xee;
+        OK(finish(tern_broadcast(g, one, count, dt, root, root % 2 ? &req : NULL), &req));
+        for (size_t i = 0; i < B; i++)
+            CHECK(one[i] == pat(rw, i), "broadcast %zu B from %d: byte %zu", B, root, i);
+    }
+    /* all_gather, out of place then in place */
+    for (int inplace = 0; inplace < 2; inplace++) {
+        for (size_t i = 0; i < B; i++)
+            one[i] = pat(rank, i);
+        memset(all, 0xee, B * N);
+        const void *src = one;
+        if (inplace) {
+            memcpy(all + (size_t)me * B, one, B);
+            src = all + (size_t)me * B;
+        }
+        OK(tern_all_gather(g, src, all, count, dt, NULL));
+        for (int r = 0; r < n; r++)
+            for (size_t i = 0; i < B; i++)
+                CHECK(all[(size_t)r * B + i] == pat(tern_group_world_rank(g, r), i),
+                      "all_gather %zu B: block %d byte %zu", B, r, i);
+    }
+    /* gather and scatter to/from the last rank */
+    int root = n - 1, rw = tern_group_world_rank(g, root);
+    for (size_t i = 0; i < B; i++)
+        one[i] = pat(rank, i);
+    memset(all, 0xee, B * N);
+    OK(tern_gather(g, one, me == root ? all : NULL, count, dt, root, NULL));
+    for (int r = 0; me == root && r < n; r++)
+        for (size_t i = 0; i < B; i++)
+            CHECK(all[(size_t)r * B + i] == pat(tern_group_world_rank(g, r), i),
+                  "gather %zu B: block %d byte %zu", B, r, i);
+    for (size_t i = 0; i < B * N; i++)
+        buf[i] = me == root ? pat(rw + (int)(i / (B ? B : 1)), i % (B ? B : 1)) : 0;
+    memset(one, 0xee, B);
+    OK(finish(tern_scatter(g, me == root ? buf : NULL, one, count, dt, root, &req), &req));
+    for (size_t i = 0; i < B; i++)
+        CHECK(one[i] == pat(rw + me, i), "scatter %zu B: byte %zu", B, i);
+    /* all_to_all: block for rank d from rank s is pat(s * 64 + d) */
+    for (int d = 0; d < n; d++)
+        for (size_t i = 0; i < B; i++)
+            buf[(size_t)d * B + i] = pat(rank * 64 + tern_group_world_rank(g, d), i);
+    memset(all, 0xee, B * N);
+    OK(tern_all_to_all(g, buf, all, count, dt, NULL));
+    for (int s = 0; s < n; s++)
+        for (size_t i = 0; i < B; i++)
+            CHECK(all[(size_t)s * B + i] == pat(tern_group_world_rank(g, s) * 64 + rank, i),
+                  "all_to_all %zu B: block from %d byte %zu", B, s, i);
+    free(buf);
+    free(all);
+    free(one);
+}
+
+/* The v-variants: rank r contributes (r + 1) * k elements, blocks packed
+ * back to back with a gap of one element. */
+static void check_v(tern_group_t *g, size_t k)
+{
+    int n = tern_group_size(g), me = tern_group_rank(g);
+    tern_dtype_t dt = TERN_DTYPE_I32;
+    size_t *counts = xmalloc(sizeof(size_t) * (size_t)n), *displs = xmalloc(sizeof(size_t) * (size_t)n);
+    size_t total = 0;
+    for (int r = 0; r < n; r++) {
+        counts[r] = (size_t)(r + 1) * k;
+        displs[r] = total;
+        total += counts[r] + 1;
+    }
+    int32_t *mine = xmalloc(counts[me] * 4 + 4), *all = xmalloc(total * 4 + 4);
+    for (size_t i = 0; i < counts[me]; i++)
+        mine[i] = rank * 100000 + (int32_t)i;
+    /* all_gatherv */
+    memset(all, 0, total * 4);
+    OK(tern_all_gatherv(g, mine, counts[me], all, counts, displs, dt, NULL));
+    for (int r = 0; r < n; r++)
+        for (size_t i = 0; i < counts[r]; i++)
+            CHECK(all[displs[r] + i] == tern_group_world_rank(g, r) * 100000 + (int32_t)i,
+                  "all_gatherv block %d [%zu]", r, i);
+    /* gatherv to rank 0 */
+    memset(all, 0, total * 4);
+    OK(tern_gatherv(g, mine, counts[me], me == 0 ? all : NULL, counts, displs, dt, 0, NULL));
+    for (int r = 0; me == 0 && r < n; r++)
+        for (size_t i = 0; i < counts[r]; i++)
+            CHECK(all[displs[r] + i] == tern_group_world_rank(g, r) * 100000 + (int32_t)i,
+                  "gatherv block %d [%zu]", r, i);
+    /* scatterv from rank 0: block r holds r * 1000 + i */
+    for (int r = 0; r < n; r++)
+        for (size_t i = 0; i < counts[r]; i++)
+            all[displs[r] + i] = r * 1000 + (int32_t)i;
+    memset(mine, 0, counts[me] * 4);
+    OK(tern_scatterv(g, all, counts, displs, mine, counts[me], dt, 0, NULL));
+    for (size_t i = 0; i < counts[me]; i++)
+        CHECK(mine[i] == me * 1000 + (int32_t)i, "scatterv [%zu] = %d", i, mine[i]);
+    /* all_to_allv: rank s sends (s + d) % 3 * k + 1 elements to d */
+    size_t *sc = xmalloc(sizeof(size_t) * (size_t)n), *sd = xmalloc(sizeof(size_t) * (size_t)n);
+    size_t *rc = xmalloc(sizeof(size_t) * (size_t)n), *rd = xmalloc(sizeof(size_t) * (size_t)n);
+    size_t st = 0, rt = 0;
+    for (int r = 0; r < n; r++) {
+        sc[r] = (size_t)((me + r) % 3) * k + 1;
+        rc[r] = (size_t)((r + me) % 3) * k + 1;
+        sd[r] = st;
+        rd[r] = rt;
+        st += sc[r];
+        rt += rc[r];
+    }
+    int32_t *sb = xmalloc(st * 4), *rb = xmalloc(rt * 4);
+    for (int d = 0; d < n; d++)
+        for (size_t i = 0; i < sc[d]; i++)
+            sb[sd[d] + i] = me * 10000 + d * 100 + (int32_t)(i % 100);
+    OK(tern_all_to_allv(g, sb, sc, sd, rb, rc, rd, dt, NULL));
+    for (int s = 0; s < n; s++)
+        for (size_t i = 0; i < rc[s]; i++)
+            CHECK(rb[rd[s] + i] == s * 10000 + me * 100 + (int32_t)(i % 100),
+                  "all_to_allv from %d [%zu] = %d", s, i, rb[rd[s] + i]);
+    free(sc), free(sd), free(rc), free(rd), free(sb), free(rb);
+    free(counts), free(displs), free(mine), free(all);
+}
+
+static void run_suite(tern_group_t *g, bool full)
+{
+    int n = tern_group_size(g);
+    for (size_t d = 0; d < NDTYPES; d++) {
+        tern_dtype_t dt = DTYPES[d];
+        for (int op = TERN_SUM; op <= TERN_AVG; op++) {
+            if (op == TERN_AVG && !is_float(dt))
+                continue;
+            for (size_t c = 0; c < NCOUNTS; c++) {
+                size_t count = COUNTS[c];
+                if (!full && count > 1003)
+                    continue;
+                check_all_reduce(g, dt, (tern_reduce_op_t)op, count, (int)(c + d));
+                check_reduce(g, dt, (tern_reduce_op_t)op, count, (int)(c % (size_t)n));
+                check_reduce_scatter(g, dt, (tern_reduce_op_t)op, count / 4);
+            }
+        }
+    }
+    const tern_dtype_t movers[] = {TERN_DTYPE_U8, TERN_DTYPE_F32, TERN_DTYPE_F64};
+    for (size_t d = 0; d < 3; d++)
+        for (size_t c = 0; c < NCOUNTS; c++)
+            if (full || COUNTS[c] <= 1003)
+                check_movers(g, movers[d], COUNTS[c]);
+    check_v(g, 1);
+    check_v(g, full ? 3001 : 5);
+    for (int i = 0; i < 3; i++)
+        OK(tern_barrier(g, NULL));
+}
+
+/* ---- groups ---- */
+
+static void test_groups(void)
+{
+    int evens[8], odds[8], ne = 0, no = 0;
+    for (int w = 0; w < world; w++) {
+        if (w % 2 == 0)
+            evens[ne++] = w;
+        else
+            odds[no++] = w;
+    }
+    /* Every rank creates every group, in the same order. */
+    tern_group_t *E, *O = NULL, *C = NULL, *S;
+    OK(tern_group_create(ctx, evens, (size_t)ne, &E));
+    if (no > 0)
+        OK(tern_group_create(ctx, odds, (size_t)no, &O));
+    int last3[3] = {world - 1, 0, 1};
+    if (world >= 3)
+        OK(tern_group_create(ctx, last3, 3, &C)); /* overlaps both, listed out of order */
+    int self[1] = {rank};
+    (void)self;
+    CHECK(tern_group_rank(E) == (rank % 2 == 0 ? rank / 2 : -1), "rank in evens %d",
+          tern_group_rank(E));
+    CHECK(tern_group_rank_of(E, 2) == (world > 2 ? 1 : -1), "rank_of");
+    CHECK(tern_group_world_rank(E, 0) == 0 && tern_group_world_rank(E, ne) == -1, "world_rank");
+
+    /* A non-member's call fails at once, naming the group. */
+    tern_group_t *mine = rank % 2 == 0 ? E : O, *other = rank % 2 == 0 ? O : E;
+    int x = 1;
+    if (other != NULL) {
+        CHECK(tern_all_reduce(other, &x, &x, 1, TERN_DTYPE_I32, TERN_SUM, NULL) ==
+                  TERN_ERR_INVALID_PARAM && strstr(tern_last_error(), "not a member"),
+              "non-member call");
+    }
+    /* Back to back on overlapping groups. */
+    for (int round = 0; round < 3; round++) {
+        check_all_reduce(mine, TERN_DTYPE_I64, TERN_SUM, 1003, round);
+        if (C != NULL && tern_group_rank(C) >= 0)
+            check_all_reduce(C, TERN_DTYPE_F32, TERN_MAX, 4097, round);
+        check_all_reduce(W, TERN_DTYPE_I32, TERN_SUM, 7, round);
+    }
+    if (C != NULL && tern_group_rank(C) >= 0)
+        run_suite(C, false);
+    /* Concurrent non-blocking collectives on the world and a sub-group, both
+     * in flight before either is waited on. */
+    size_t cnt = 70000;
+    float *a = xmalloc(cnt * 4), *b = xmalloc(cnt * 4);
+    for (size_t i = 0; i < cnt; i++) {
+        a[i] = (float)((rank + i) % 7);
+        b[i] = (float)((rank * 3 + i) % 5);
+    }
+    tern_request_t *ra, *rb;
+    OK(tern_all_reduce(W, a, a, cnt, TERN_DTYPE_F32, TERN_SUM, &ra));
+    OK(tern_all_reduce(mine, b, b, cnt, TERN_DTYPE_F32, TERN_MAX, &rb));
+    OK(tern_request_wait(rb, -1, NULL));
+    OK(tern_request_wait(ra, -1, NULL));
+    for (size_t i = 0; i < cnt; i++) {
+        float wa = 0, wb = -1;
+        for (int w = 0; w < world; w++) {
+            wa += (float)((w + i) % 7);
+            if (w % 2 == rank % 2 && (float)((w * 3 + i) % 5) > wb)
+                wb = (float)((w * 3 + i) % 5);
+        }
+        CHECK(a[i] == wa && b[i] == wb, "concurrent [%zu]: %g/%g want %g/%g", i, a[i], b[i], wa, wb);
+    }
+    free(a);
+    free(b);
+    /* A group of one, and tern_group_create's argument checks. */
+    OK(tern_group_create(ctx, self, 1, &S));
+    run_suite(S, false);
+    int dup[2] = {0, 0}, bad[1] = {world};
+    tern_group_t *X;
+    CHECK(tern_group_create(ctx, dup, world > 1 ? 2 : 1, &X) == (world > 1 ? TERN_ERR_INVALID_PARAM : TERN_OK),
+          "duplicate ranks");
+    if (world == 1)
+        tern_group_destroy(X);
+    CHECK(tern_group_create(ctx, bad, 1, &X) == TERN_ERR_INVALID_PARAM, "rank out of range");
+    CHECK(tern_group_create(ctx, bad, 0, &X) == TERN_ERR_INVALID_PARAM, "empty group");
+    tern_group_destroy(S);
+    tern_group_destroy(C);
+    tern_group_destroy(O);
+    tern_group_destroy(E);
+}
+
+static void test_bad_args(void)
+{
+    float f[4] = {0};
+    CHECK(tern_all_reduce(NULL, f, f, 1, TERN_DTYPE_F32, TERN_SUM, NULL) == TERN_ERR_INVALID_PARAM,
+          "NULL group");
+    CHECK(tern_all_reduce(W, f, f, 1, TERN_DTYPE_I32, TERN_AVG, NULL) == TERN_ERR_INVALID_PARAM,
+          "avg of ints");
+    CHECK(tern_all_reduce(W, f, f, 1, (tern_dtype_t)77, TERN_SUM, NULL) == TERN_ERR_INVALID_PARAM,
+          "bad dtype");
+    CHECK(tern_all_reduce(W, f, f + 1, 2, TERN_DTYPE_F32, TERN_SUM, NULL) == TERN_ERR_INVALID_PARAM,
+          "partial overlap");
+    CHECK(tern_all_reduce(W, (char *)f + 1, f + 2, 1, TERN_DTYPE_F32, TERN_SUM, NULL) ==
+              TERN_ERR_INVALID_PARAM, "misaligned");
+    CHECK(tern_all_reduce(W, NULL, f, 1, TERN_DTYPE_F32, TERN_SUM, NULL) == TERN_ERR_INVALID_PARAM,
+          "NULL buffer");
+    CHECK(tern_broadcast(W, f, 1, TERN_DTYPE_F32, world, NULL) == TERN_ERR_INVALID_PARAM,
+          "root out of range");
+    CHECK(tern_all_reduce(W, f, f, SIZE_MAX / 2, TERN_DTYPE_F32, TERN_SUM, NULL) ==
+              TERN_ERR_OUT_OF_RANGE, "count overflow");
+    /* Tensors: CUDA and strided tensors are refused; a good one works. */
+    tern_tensor_t t, o;
+    int64_t shape[2] = {2, 2};
+    OK(tern_tensor_init(&t, f, TERN_DTYPE_F32, 2, shape, tern_device_cuda(0)));
+    CHECK(tern_all_reduce_tensor(W, &t, TERN_SUM, NULL) == TERN_ERR_UNSUPPORTED, "cuda tensor");
+    OK(tern_tensor_init(&t, f, TERN_DTYPE_F32, 2, shape, tern_device_cpu()));
+    t.strides[0] = 1;
+    t.strides[1] = 2;
+    CHECK(tern_all_reduce_tensor(W, &t, TERN_SUM, NULL) == TERN_ERR_UNSUPPORTED, "strided tensor");
+    for (int i = 0; i < 4; i++)
+        f[i] = (float)(rank + i);
+    OK(tern_tensor_init(&t, f, TERN_DTYPE_F32, 2, shape, tern_device_cpu()));
+    OK(tern_all_reduce_tensor(W, &t, TERN_SUM, NULL));
+    for (int i = 0; i < 4; i++)
+        CHECK(f[i] == (float)(world * (world - 1) / 2 + world * i), "tensor all_reduce [%d]", i);
+    /* all_gather_tensor: out must have world * numel(in) elements. */
+    float *big = xmalloc(sizeof(float) * 4 * (size_t)world);
+    int64_t oshape[1] = {4 * world}, bad_shape[1] = {4 * world + 1};
+    OK(tern_tensor_init(&o, big, TERN_DTYPE_F32, 1, bad_shape, tern_device_cpu()));
+    CHECK(tern_all_gather_tensor(W, &o, &t, NULL) == TERN_ERR_INVALID_PARAM, "all_gather shapes");
+    OK(tern_tensor_init(&o, big, TERN_DTYPE_F32, 1, oshape, tern_device_cpu()));
+    OK(tern_all_gather_tensor(W, &o, &t, NULL));
+    CHECK(big[4 * world - 1] == f[3], "all_gather_tensor");
+    /* reduce_scatter_tensor back: each rank gets world * f. */
+    float back[4];
+    int64_t bshape[1] = {4};
+    tern_tensor_t bt;
+    OK(tern_tensor_init(&bt, back, TERN_DTYPE_F32, 1, bshape, tern_device_cpu()));
+    OK(tern_reduce_scatter_tensor(W, &bt, &o, TERN_SUM, NULL));
+    for (int i = 0; i < 4; i++)
+        CHECK(back[i] == world * big[rank * 4 + i], "reduce_scatter_tensor [%d]", i);
+    free(big);
+}
+
+/* Mismatched counts between two ranks are reported as such, on both. */
+static void test_mismatch(void)
+{
+    if (world < 2)
+        return;
+    int pair[2] = {0, 1};
+    tern_group_t *P;
+    OK(tern_group_create(ctx, pair, 2, &P));
+    if (rank < 2) {
+        float buf[16] = {0};
+        tern_status_t st = tern_all_reduce(P, buf, buf, rank == 0 ? 8 : 9, TERN_DTYPE_F32, TERN_SUM,
+                                           NULL);
+        CHECK(st == TERN_ERR_MISMATCH, "mismatched counts gave %s", tern_status_name(st));
+        CHECK(strstr(tern_last_error(), "all_reduce #0") != NULL, "error names the call");
+        /* The group is unusable from now on, and says why. */
+        st = tern_barrier(P, NULL);
+        CHECK(st == TERN_ERR_MISMATCH && strstr(tern_last_error(), "earlier failure"),
+              "broken group gave %s", tern_status_name(st));
+    }
+    tern_group_destroy(P);
+}
+
+static void test_big(void)
+{
+    size_t count = (64u << 20) / 4;
+    float *a = xmalloc(count * 4), *b = xmalloc(count * 4);
+    for (size_t i = 0; i < count; i++)
+        a[i] = (float)((rank + i) % 9);
+    OK(tern_all_reduce(W, a, b, count, TERN_DTYPE_F32, TERN_SUM, NULL));
+    for (size_t i = 0; i < count; i++) {
+        float want = 0;
+        for (int w = 0; w < world; w++)
+            want += (float)((w + i) % 9);
+        CHECK(b[i] == want, "64 MiB all_reduce [%zu]: %g want %g", i, b[i], want);
+    }
+    size_t per = count / (size_t)world;
+    OK(tern_reduce_scatter(W, a, b, per, TERN_DTYPE_F32, TERN_MAX, NULL));
+    for (size_t i = 0; i < per; i++) {
+        float want = 0;
+        for (int w = 0; w < world; w++)
+            want = fmaxf(want, (float)((w + (size_t)rank * per + i) % 9));
+        CHECK(b[i] == want, "64 MiB reduce_scatter [%zu]", i);
+    }
+    OK(tern_all_gather(W, b, a, per, TERN_DTYPE_F32, NULL));
+    OK(tern_broadcast(W, a, count, TERN_DTYPE_F32, world - 1, NULL));
+    free(a);
+    free(b);
+}
+
+/* The last rank leaves (dies, or stops calling) in the middle; the others
+ * must get an error naming the call and a rank, within the timeout. */
+static int test_failure(bool die)
+{
+    int victim = world - 1;
+    int x[4];
+    for (int i = 0; i < 3; i++)
+        OK(tern_all_reduce(W, x, x, 4, TERN_DTYPE_I32, TERN_SUM, NULL));
+    if (rank == victim) {
+        if (die)
+            _exit(0); /* no finalize: the connections just close */
+        sleep(9);
+        _exit(0);
+    }
+    uint64_t t0 = tern_clock_ns();
+    tern_status_t st = TERN_OK;
+    for (int i = 0; i < 3 && st == TERN_OK; i++)
+        st = tern_all_reduce(W, x, x, 4, TERN_DTYPE_I32, TERN_SUM, NULL);
+    double secs = (double)(tern_clock_ns() - t0) / 1e9;
+    const char *why = tern_last_error();
+    printf("rank %d: %s after %.2f s: %s\n", rank, tern_status_name(st), secs, why);
+    CHECK(st == TERN_ERR_PEER_LOST || st == TERN_ERR_TIMEOUT, "status %s", tern_status_name(st));
+    CHECK(strstr(why, "all_reduce #3") != NULL, "the error names the call and its number");
+    CHECK(strstr(why, "rank") != NULL, "the error names a rank");
+    CHECK(secs < 12, "failed only after %.1f s (TERN_TIMEOUT is 5s in this test)", secs);
+    fflush(stdout);
+    _exit(0); /* finalize would wait for the victim */
+}
+
+int main(int argc, char **argv)
+{
+    const char *mode = argc > 1 ? argv[1] : "";
+    if (tern_init(NULL, &ctx) != TERN_OK) {
+        fprintf(stderr, "tern_init: %s\n", tern_last_error());
+        return 1;
+    }
+    rank = (int)tern_ctx_rank(ctx);
+    world = (int)tern_ctx_world_size(ctx);
+    W = tern_group_world(ctx);
+    CHECK(W != NULL && tern_group_size(W) == world && tern_group_rank(W) == rank, "world group");
+    char prov[16], dev[128];
+    OK(tern_ctx_transport(ctx, prov, sizeof(prov), dev, sizeof(dev)));
+    if (rank == 0)
+        printf("collectives over %s (%s), %d ranks, mode '%s'\n", prov, dev, world, mode);
+
+    if (strcmp(mode, "--die") == 0 || strcmp(mode, "--hang") == 0)
+        return test_failure(strcmp(mode, "--die") == 0);
+    run_suite(W, true);
+    test_bad_args();
+    test_groups();
+    test_mismatch();
+    if (strcmp(mode, "--big") == 0)
+        test_big();
+    OK(tern_barrier(W, NULL));
+    if (tern_finalize(ctx) != TERN_OK) {
+        fprintf(stderr, "rank %d: finalize: %s\n", rank, tern_last_error());
+        return 1;
+    }
+    printf("rank %d ok (%lu checks)\n", rank, checks);
+    return 0;
+}
