@@ -22,6 +22,12 @@
 
 /* Segments per pipelined transfer at most: bounds the schedule's length. */
 #define SEG_MAX 256
+/* A ring chunk may be cut in at least PIPE_MIN segments of at least
+ * SEG_FLOOR bytes, whatever TERN_COLL_SEGMENT says, so that the reduction of
+ * one overlaps the transfer of the next. Off (1) until a quiet machine shows
+ * it pays. */
+#define PIPE_MIN 1
+#define SEG_FLOOR (64u * 1024)
 
 static size_t es_of(const tern__coll_t *c)
 {
@@ -73,6 +79,20 @@ static size_t seg_off(const ring_t *R, int chunk, size_t s)
     return R->off[chunk] + s * R->segE;
 }
 
+/* Receive slots of a ring reduce-scatter: enough to keep RING_WINDOW
+ * segments in flight (and at least 2, as one step's receive may arrive while
+ * the previous step's is being reduced). A few segments' worth of scratch,
+ * whatever the message size, stays in the allocator's heap from call to
+ * call; a scratch the size of the message would be fresh pages (page faults)
+ * on every call. */
+#define RING_WINDOW 8
+
+static size_t ring_slots(const ring_t *R)
+{
+    size_t total = R->S * (size_t)(R->n - 1);
+    return total < RING_WINDOW ? (total < 2 ? 2 : total) : RING_WINDOW;
+}
+
 /*
  * Reduce-scatter around the ring, ending with rank r holding chunk r fully
  * reduced in final. At step k rank r sends chunk r-k-1 to r+1 and receives
@@ -86,8 +106,8 @@ static void ring_rs(tern__coll_t *c, const ring_t *R, const void *own, void *acc
                     int *fin, int *rsend)
 {
     int n = R->n, r = R->r;
-    size_t S = R->S, es = R->es, slot = R->segE * es;
-    char *tmp = tern__coll_scratch(c, 2 * S * slot);
+    size_t S = R->S, es = R->es, slot = R->segE * es, nslot = ring_slots(R);
+    char *tmp = tern__coll_scratch(c, nslot * slot);
     int *red = idx_array(c, (size_t)(n - 1) * S);
     if (c->oom || tmp == NULL || red == NULL) {
         c->oom = true;
@@ -101,9 +121,12 @@ static void ring_rs(tern__coll_t *c, const ring_t *R, const void *own, void *acc
             int snd = tern__coll_send(c, mod(r + 1, n), (uint32_t)(k * S + s), src,
                                       seg_len(R, sc, s) * es,
                                       k == 0 ? -1 : red[(k - 1) * S + s], -1);
-            char *t = tmp + ((size_t)(k % 2) * S + s) * slot;
-            int rcv = tern__coll_recv(c, mod(r - 1, n), (uint32_t)(k * S + s), t,
-                                      seg_len(R, rc, s) * es, k >= 2 ? red[(k - 2) * S + s] : -1, -1);
+            /* Receive slots go round; a slot is free again once the reduce
+             * that read it last is done. */
+            size_t j = (size_t)k * S + s;
+            char *t = tmp + (j % nslot) * slot;
+            int rcv = tern__coll_recv(c, mod(r - 1, n), (uint32_t)j, t, seg_len(R, rc, s) * es,
+                                      j >= nslot ? red[j - nslot] : -1, -1);
             void *dst = k == n - 2 ? at(final, s * R->segE, es) : at(acc, seg_off(R, rc, s), es);
             red[k * S + s] = tern__coll_reduce(c, dst, t, at(own, seg_off(R, rc, s), es),
                                                seg_len(R, rc, s), rcv, -1);
@@ -134,6 +157,8 @@ static void allreduce_ring(tern__coll_t *c, const void *sbuf, void *rbuf, size_t
     size_t maxc = q + (rem > 0);
     ring_t R = {.n = n, .r = r, .es = es, .off = off, .len = len};
     R.S = nseg(maxc * es, seg);
+    if (PIPE_MIN > 1 && R.S < PIPE_MIN && maxc * es / SEG_FLOOR > R.S)
+        R.S = maxc * es / SEG_FLOOR < PIPE_MIN ? maxc * es / SEG_FLOOR : PIPE_MIN;
     /* 2(n-1)S tags per call must stay distinct in 15 bits. */
     if (R.S > (size_t)(16384 / (n - 1)))
         R.S = (size_t)(16384 / (n - 1)) ? (size_t)(16384 / (n - 1)) : 1;
@@ -226,6 +251,89 @@ static void allreduce_rd(tern__coll_t *c, const void *sbuf, void *rbuf, size_t c
         tern__coll_send(c, r - 1, (uint32_t)steps + 1, rbuf, bytes, last, -1);
 }
 
+/*
+ * Rabenseifner: reduce-scatter by recursive halving, then all-gather by
+ * recursive doubling, on the same power-of-two set as rd (extra ranks folded
+ * in first). At the level of partner distance m both partners hold the same
+ * window; the lower keeps its first half, the higher its second, each sends
+ * the other half and folds in what it receives as op(lower rank's, higher
+ * rank's). Every element ends up reduced on exactly one rank, and is copied
+ * from there: log2(p) steps like rd, but each moves half the data of the
+ * one before.
+ */
+static void allreduce_rab(tern__coll_t *c, const void *sbuf, void *rbuf, size_t count)
+{
+    int n = c->g->size, r = c->g->rank;
+    size_t es = es_of(c), bytes = count * es;
+    int p2 = 1, steps = 0;
+    while (p2 * 2 <= n) {
+        p2 *= 2;
+        steps++;
+    }
+    int rem = n - p2;
+    /* Receive slots: the fold's whole buffer, then halves, quarters... */
+    char *tmp = tern__coll_scratch(c, 2 * bytes + 32 * es);
+    if (bytes > 0 && tmp == NULL)
+        return;
+    uint32_t fin_tag = 2u * (uint32_t)steps + 1;
+    if (r < 2 * rem && r % 2 == 0) {
+        int snd = tern__coll_send(c, r + 1, 0, sbuf, bytes, -1, -1);
+        tern__coll_recv(c, r + 1, fin_tag, rbuf, bytes, snd, -1);
+        return;
+    }
+    int last, newrank;
+    if (r < 2 * rem) {
+        int rcv = tern__coll_recv(c, r - 1, 0, tmp, bytes, -1, -1);
+        last = tern__coll_reduce(c, rbuf, tmp, sbuf, count, rcv, -1);
+        newrank = r / 2;
+    } else {
+        last = rbuf != sbuf ? tern__coll_copy(c, rbuf, sbuf, bytes, -1, -1) : -1;
+        newrank = r - rem;
+    }
+    size_t lo = 0, hi = count;
+    size_t wlo[32], whi[32];
+    int rs_send[32];
+    char *slot = tmp + bytes;
+    for (int i = 0, mask = p2 >> 1; mask > 0; mask >>= 1, i++) {
+        int pn = newrank ^ mask, peer = pn < rem ? pn * 2 + 1 : pn + rem;
+        size_t mid = lo + (hi - lo) / 2;
+        bool lower = (newrank & mask) == 0;
+        size_t klo = lower ? lo : mid, khi = lower ? mid : hi; /* kept */
+        size_t slo = lower ? mid : lo, shi = lower ? hi : mid; /* sent */
+        wlo[i] = lo;
+        whi[i] = hi;
+        rs_send[i] = tern__coll_send(c, peer, 1u + (uint32_t)i, at(rbuf, slo, es), (shi - slo) * es,
+                                     last, -1);
+        /* Each level's slot follows the last: they halve (rounding up), so
+         * all fit in bytes plus one element per level. */
+        int rcv = tern__coll_recv(c, peer, 1u + (uint32_t)i, slot, (khi - klo) * es, -1, -1);
+        void *kept = at(rbuf, klo, es);
+        last = peer < r ? tern__coll_reduce(c, kept, slot, kept, khi - klo, rcv, last)
+                        : tern__coll_reduce(c, kept, kept, slot, khi - klo, rcv, last);
+        slot += (khi - klo) * es;
+        lo = klo;
+        hi = khi;
+    }
+    if (c->op == TERN_AVG)
+        last = tern__coll_scale(c, at(rbuf, lo, es), hi - lo, last, -1);
+    /* All-gather: undo the levels in reverse, receiving straight into place
+     * once the reduce-scatter's send of that region is done. */
+    for (int i = steps - 1, mask = 1; i >= 0; mask <<= 1, i--) {
+        int pn = newrank ^ mask, peer = pn < rem ? pn * 2 + 1 : pn + rem;
+        size_t olo = lo == wlo[i] ? hi : wlo[i], ohi = lo == wlo[i] ? whi[i] : lo; /* the partner's */
+        int snd = tern__coll_send(c, peer, (uint32_t)steps + 1u + (uint32_t)i, at(rbuf, lo, es),
+                                  (hi - lo) * es, last, -1);
+        int rcv = tern__coll_recv(c, peer, (uint32_t)steps + 1u + (uint32_t)i, at(rbuf, olo, es),
+                                  (ohi - olo) * es, rs_send[i], -1);
+        /* The next level sends the union: both must be in place. */
+        last = tern__coll_copy(c, NULL, NULL, 0, snd, rcv);
+        lo = wlo[i];
+        hi = whi[i];
+    }
+    if (r < 2 * rem)
+        tern__coll_send(c, r - 1, fin_tag, rbuf, bytes, last, -1);
+}
+
 void tern__build_allreduce(tern__coll_t *c, const void *sbuf, void *rbuf, size_t count, int algo,
                            size_t seg)
 {
@@ -236,6 +344,8 @@ void tern__build_allreduce(tern__coll_t *c, const void *sbuf, void *rbuf, size_t
     }
     if (algo == AR_RING)
         allreduce_ring(c, sbuf, rbuf, count, seg);
+    else if (algo == AR_RAB)
+        allreduce_rab(c, sbuf, rbuf, count);
     else
         allreduce_rd(c, sbuf, rbuf, count);
 }
@@ -264,7 +374,7 @@ void tern__build_reduce_scatter(tern__coll_t *c, const void *sbuf, void *rbuf, s
         }
         /* ring_rs takes the first scratch block for its slots; the partial
          * sums go in a block of their own, freed with the schedule. */
-        size_t slots = 2 * R.S * R.segE * es;
+        size_t slots = ring_slots(&R) * R.segE * es;
         char *s = tern__coll_scratch(c, slots + (size_t)n * count * es);
         acc = s ? s + slots : NULL;
         if (s != NULL)

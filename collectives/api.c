@@ -17,6 +17,7 @@
 /* Sizes below which latency-bound algorithms win (docs/collectives.md has
  * the measurements behind them). */
 #define AR_RD_MAX (16u * 1024)       /* all_reduce: recursive doubling up to this */
+#define AR_RAB_MAX (1u << 20)        /* all_reduce: then Rabenseifner up to this, then ring */
 #define TREE_MAX (256u * 1024)       /* broadcast/reduce: binomial tree up to this */
 #define AG_BRUCK_MAX (64u * 1024)    /* all_gather: Bruck up to this total */
 #define A2A_LINEAR_MAX (256u * 1024) /* all_to_all: everything at once up to this per pair */
@@ -136,7 +137,9 @@ tern_status_t tern_all_reduce(tern_group_t *g, const void *sbuf, void *rbuf, siz
                            "same (pass one pointer twice for in place)");
     int algo = (int)cfg_of(g)->coll_algo_allreduce;
     if (algo == AR_AUTO)
-        algo = bytes <= AR_RD_MAX || count < (size_t)g->size ? AR_RD : AR_RING;
+        algo = bytes <= AR_RD_MAX || count < (size_t)g->size ? AR_RD
+               : bytes <= AR_RAB_MAX                         ? AR_RAB
+                                                             : AR_RING;
     tern__coll_t *c = coll_new(&k, dtype, op);
     if (c == NULL)
         return TERN_ERR_NO_MEMORY;

@@ -137,7 +137,7 @@ coll_state_t *tern__coll_state(tern__comm_t *comm);
 
 /* ---- algos.c: schedule builders. Buffers are checked by the caller. ---- */
 
-typedef enum allreduce_algo { AR_AUTO = 0, AR_RING, AR_RD } allreduce_algo_t;
+typedef enum allreduce_algo { AR_AUTO = 0, AR_RING, AR_RD, AR_RAB } allreduce_algo_t;
 typedef enum bcast_algo { BC_AUTO = 0, BC_BINOMIAL, BC_CHAIN } bcast_algo_t;
 typedef enum allgather_algo { AG_AUTO = 0, AG_RING, AG_BRUCK } allgather_algo_t;
 typedef enum alltoall_algo { A2A_AUTO = 0, A2A_PAIRWISE, A2A_LINEAR } alltoall_algo_t;

@@ -91,9 +91,10 @@ static const field_t fields[] = {
      .doc = "memory for eager messages that arrive before their receive; past it senders "
             "switch to rendezvous"},
     {.name = "TERN_COLL_ALGO_ALLREDUCE", .group = "tern", .type = FIELD_ENUM, .dflt = "auto",
-     .values = "auto|ring|rd", .offset = OFF(coll_algo_allreduce),
+     .values = "auto|ring|rd|rabenseifner", .offset = OFF(coll_algo_allreduce),
      .doc = "all_reduce algorithm: auto picks by size (docs/collectives.md); ring (reduce-scatter + "
-            "all-gather, pipelined) or rd (recursive doubling)"},
+            "all-gather, pipelined), rd (recursive doubling) or rabenseifner (recursive halving + "
+            "doubling)"},
     {.name = "TERN_COLL_ALGO_BROADCAST", .group = "tern", .type = FIELD_ENUM, .dflt = "auto",
      .values = "auto|binomial|chain", .offset = OFF(coll_algo_broadcast),
      .doc = "broadcast algorithm: binomial tree or pipelined chain"},

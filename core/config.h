@@ -50,7 +50,7 @@ typedef struct tern__config {
     uint64_t eager_limit;
     uint64_t unexpected_max;
     /* collectives: algorithm overrides (0 = auto; then each enum's order) */
-    int64_t coll_algo_allreduce; /* auto|ring|rd */
+    int64_t coll_algo_allreduce; /* auto|ring|rd|rabenseifner */
     int64_t coll_algo_broadcast; /* auto|binomial|chain */
     int64_t coll_algo_reduce;    /* auto|binomial|chain */
     int64_t coll_algo_allgather; /* auto|ring|bruck */
