@@ -15,6 +15,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
@@ -745,127 +746,165 @@ tern_status_t tern__reduce_scale(tern_dtype_t dtype, void *buf, size_t count, ui
 
 /* ---- over the pool ---- */
 
-/* The countdown the caller sleeps on. It lives on the caller's stack: a task
- * touches it last inside the mutex, and the caller cannot leave the wait
- * before that task unlocks. */
-typedef struct par_wait {
+/*
+ * One parallel reduction. The range is cut into more chunks than there are
+ * threads, and the caller and every task claim chunks from a shared counter
+ * until none is left, rather than each doing a fixed share: pool threads are
+ * bound to cores while the caller is not, so a static split puts the caller's
+ * share and some worker's share on one core about every time, and the call
+ * lasts twice as long as it should. With claiming, a thread that shares its
+ * core simply does fewer chunks.
+ *
+ * The job lives on the heap, counted: the caller returns as soon as every
+ * chunk is done, without waiting for tasks that start late (a worker busy
+ * elsewhere) and find nothing left to claim; the last holder frees it.
+ */
+typedef struct par_job {
+    kernel_fn fn;
+    char *dst;
+    const char *a, *b;
+    size_t size, count;
+    unsigned chunks;
+    atomic_uint next; /* next chunk to claim; >= chunks: none left */
+    atomic_uint refs; /* the caller and each task that was queued */
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    unsigned left;
-} par_wait_t;
-
-typedef struct par_chunk {
-    kernel_fn fn;
-    void *dst;
-    const void *a, *b;
-    size_t n;
-    par_wait_t *wait;
-} par_chunk_t;
-
-static void par_chunk_run(const par_chunk_t *c)
-{
-    if (c->n > 0)
-        c->fn(c->dst, c->a, c->b, c->n);
-}
-
-static void par_task(void *arg)
-{
-    par_chunk_t *c = arg;
-    par_wait_t *w = c->wait;
-    par_chunk_run(c);
-    pthread_mutex_lock(&w->mu);
-    if (--w->left == 0)
-        pthread_cond_signal(&w->cv);
-    pthread_mutex_unlock(&w->mu);
-}
+    unsigned done; /* chunks finished, under mu */
+} par_job_t;
 
 /* Chunk k starts at boundary k: 0 for the first, count past the last, and
  * between them k * count / chunks moved up to the next element at a 64-byte
  * address of dst, so that no two threads write one cache line. Boundaries
  * never decrease and never pass count. */
-static size_t par_boundary(uintptr_t dst, size_t size, size_t count, unsigned chunks, unsigned k)
+static size_t par_boundary(const par_job_t *j, unsigned k)
 {
     size_t raw, pad;
     if (k == 0)
         return 0;
-    if (k >= chunks)
-        return count;
-    raw = count / chunks * k + count % chunks * k / chunks;
-    pad = (size_t)((64 - ((dst + raw * size) & 63)) & 63) / size;
-    return raw + pad < count ? raw + pad : count;
+    if (k >= j->chunks)
+        return j->count;
+    raw = j->count / j->chunks * k + j->count % j->chunks * k / j->chunks;
+    pad = (size_t)((64 - (((uintptr_t)j->dst + raw * j->size) & 63)) & 63) / j->size;
+    return raw + pad < j->count ? raw + pad : j->count;
 }
 
+/* Claim and reduce chunks until none is left; count them in. */
+static void par_work(par_job_t *j)
+{
+    unsigned k, did = 0;
+    while ((k = atomic_fetch_add(&j->next, 1)) < j->chunks) {
+        size_t lo = par_boundary(j, k), hi = par_boundary(j, k + 1);
+        if (hi > lo)
+            j->fn(j->dst + lo * j->size, j->a + lo * j->size, j->b + lo * j->size, hi - lo);
+        did++;
+    }
+    if (did == 0)
+        return;
+    pthread_mutex_lock(&j->mu);
+    j->done += did;
+    if (j->done == j->chunks)
+        pthread_cond_signal(&j->cv);
+    pthread_mutex_unlock(&j->mu);
+}
+
+static void par_release(par_job_t *j)
+{
+    if (atomic_fetch_sub(&j->refs, 1) != 1)
+        return;
+    pthread_cond_destroy(&j->cv);
+    pthread_mutex_destroy(&j->mu);
+    free(j);
+}
+
+static void par_task(void *arg)
+{
+    par_job_t *j = arg;
+    par_work(j);
+    par_release(j);
+}
+
+/* NULL when the job cannot be set up (the caller then reduces alone). */
+static par_job_t *par_job_new(kernel_fn fn, size_t size, void *dst, const void *a,
+                              const void *b, size_t count, unsigned chunks)
+{
+    par_job_t *j = calloc(1, sizeof(*j));
+    if (j == NULL)
+        return NULL;
+    j->fn = fn;
+    j->dst = dst;
+    j->a = a;
+    j->b = b;
+    j->size = size;
+    j->count = count;
+    j->chunks = chunks;
+    atomic_init(&j->next, 0);
+    atomic_init(&j->refs, 1);
+    if (pthread_mutex_init(&j->mu, NULL) != 0) {
+        free(j);
+        return NULL;
+    }
+    if (pthread_cond_init(&j->cv, NULL) != 0) {
+        pthread_mutex_destroy(&j->mu);
+        free(j);
+        return NULL;
+    }
+    return j;
+}
+
+/* Chunks of about TERN__REDUCE_PAR_CHUNK_BYTES, at least two per thread
+ * (caller included) for the claiming to even out, at most the table's
+ * limit. 1 means: not worth splitting. */
 static unsigned par_chunks(tern_pool_t *pool, size_t bytes)
 {
-    unsigned n;
-    if (pool == NULL || bytes < TERN__REDUCE_PAR_MIN_BYTES || tern_pool_in_worker(pool))
+    size_t threads, n;
+    if (pool == NULL || bytes < TERN__REDUCE_PAR_MIN_BYTES || tern_pool_size(pool) < 2 ||
+        tern_pool_in_worker(pool))
         return 1;
-    n = tern_pool_size(pool);
-    return n > TERN__REDUCE_PAR_MAX_CHUNKS ? TERN__REDUCE_PAR_MAX_CHUNKS : n;
-}
-
-/* Fill the chunk table; submit chunks 1.. to the pool. Returns how many were
- * accepted; those refused are marked by wait == NULL for the caller to run. */
-static unsigned par_submit(tern_pool_t *pool, par_chunk_t *chunks, unsigned n)
-{
-    unsigned submitted = 0;
-    for (unsigned k = 1; k < n; k++) {
-        if (tern_pool_submit(pool, par_task, &chunks[k]) == TERN_OK)
-            submitted++;
-        else
-            chunks[k].wait = NULL;
-    }
-    return submitted;
+    threads = (size_t)tern_pool_size(pool) + 1;
+    n = bytes / TERN__REDUCE_PAR_CHUNK_BYTES;
+    n = n < 2 * threads ? 2 * threads : n;
+    return n > TERN__REDUCE_PAR_MAX_CHUNKS ? TERN__REDUCE_PAR_MAX_CHUNKS : (unsigned)n;
 }
 
 static void par_run(tern_pool_t *pool, kernel_fn fn, size_t size, void *dst, const void *a,
-                    const void *b, size_t count, unsigned n)
+                    const void *b, size_t count, unsigned chunks)
 {
-    par_chunk_t chunks[TERN__REDUCE_PAR_MAX_CHUNKS];
-    par_wait_t w;
-    if (pthread_mutex_init(&w.mu, NULL) != 0) {
+    unsigned tasks = tern_pool_size(pool);
+    par_job_t *j = par_job_new(fn, size, dst, a, b, count, chunks);
+    if (j == NULL) {
         fn(dst, a, b, count);
         return;
     }
-    if (pthread_cond_init(&w.cv, NULL) != 0) {
-        pthread_mutex_destroy(&w.mu);
-        fn(dst, a, b, count);
-        return;
+    tasks = tasks < chunks - 1 ? tasks : chunks - 1;
+    /* A refused submit costs nothing: its chunks are claimed by the others,
+     * the caller at least. Stop at the first, the queue is full. */
+    for (unsigned t = 0; t < tasks; t++) {
+        atomic_fetch_add(&j->refs, 1);
+        if (tern_pool_submit(pool, par_task, j) != TERN_OK) {
+            atomic_fetch_sub(&j->refs, 1);
+            break;
+        }
     }
-    for (unsigned k = 0; k < n; k++) {
-        size_t lo = par_boundary((uintptr_t)dst, size, count, n, k);
-        size_t hi = par_boundary((uintptr_t)dst, size, count, n, k + 1);
-        chunks[k] = (par_chunk_t){fn,     (char *)dst + lo * size, (const char *)a + lo * size,
-                                  (const char *)b + lo * size, hi - lo, &w};
-    }
-    /* mu is held while submitting so that no task counts down before left
-     * says how many were accepted. */
-    pthread_mutex_lock(&w.mu);
-    w.left = par_submit(pool, chunks, n);
-    pthread_mutex_unlock(&w.mu);
-    for (unsigned k = 0; k < n; k++)
-        if (k == 0 || chunks[k].wait == NULL)
-            par_chunk_run(&chunks[k]);
-    pthread_mutex_lock(&w.mu);
-    while (w.left > 0)
-        pthread_cond_wait(&w.cv, &w.mu);
-    pthread_mutex_unlock(&w.mu);
-    pthread_cond_destroy(&w.cv);
-    pthread_mutex_destroy(&w.mu);
+    par_work(j);
+    pthread_mutex_lock(&j->mu);
+    while (j->done < j->chunks)
+        pthread_cond_wait(&j->cv, &j->mu);
+    pthread_mutex_unlock(&j->mu);
+    par_release(j);
 }
 
 tern_status_t tern__reduce_par(tern_pool_t *pool, tern_reduce_op_t op, tern_dtype_t dtype,
                                void *dst, const void *a, const void *b, size_t count)
 {
     bool run;
-    unsigned n;
+    unsigned chunks;
     tern_status_t st = check_reduce(op, dtype, dst, a, b, count, &run);
     if (!run)
         return st;
-    n = par_chunks(pool, count * tern_dtype_size(dtype));
-    if (n <= 1)
+    chunks = par_chunks(pool, count * tern_dtype_size(dtype));
+    if (chunks <= 1)
         kernel_for(op, dtype)(dst, a, b, count);
     else
-        par_run(pool, kernel_for(op, dtype), tern_dtype_size(dtype), dst, a, b, count, n);
+        par_run(pool, kernel_for(op, dtype), tern_dtype_size(dtype), dst, a, b, count, chunks);
     return TERN_OK;
 }

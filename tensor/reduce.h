@@ -1,8 +1,9 @@
 /*
  * Reduction kernels: dst[i] = a[i] op b[i] for every dtype x op, the AVG
  * division, and a parallel form over the worker pool. The collectives call
- * these on host buffers; nothing here allocates (except tern__reduce_par's
- * wait state, on the stack), keeps state or logs on the data path.
+ * these on host buffers. Nothing here logs; the only state is the kernel
+ * choice (a CPU probe, tern__reduce_force_portable()); only
+ * tern__reduce_par() allocates (its small shared job) or blocks.
  *
  * Semantics. Every code path (the x86-64 AVX2/F16C kernels, the portable
  * ones, the vector loops and their scalar tails, any chunking) gives the same
@@ -59,9 +60,11 @@
 #define TERN__REDUCE_PAR_MIN_BYTES (4u << 20)
 #endif
 
-/* At most this many chunks per tern__reduce_par() call, whatever the pool
- * size: the chunk table lives on the caller's stack. */
-#define TERN__REDUCE_PAR_MAX_CHUNKS 64
+/* tern__reduce_par() cuts a range into chunks of about this many bytes (at
+ * least two per thread, at most TERN__REDUCE_PAR_MAX_CHUNKS), which the
+ * threads claim one at a time. */
+#define TERN__REDUCE_PAR_CHUNK_BYTES (512u << 10)
+#define TERN__REDUCE_PAR_MAX_CHUNKS 256
 
 /* TERN_OK when op is defined for dtype; otherwise TERN_ERR_INVALID_PARAM with
  * the reason (unknown op, unknown dtype, AVG of a non-floating type). */
@@ -90,16 +93,15 @@ tern_status_t tern__reduce_scale(tern_dtype_t dtype, void *buf, size_t count, ui
  * As tern__reduce(), same result bit for bit, split over the pool when it is
  * worth it: pool non-NULL with more than one thread, the caller not one of
  * its workers (it would wait on its own pool), and one operand at least
- * TERN__REDUCE_PAR_MIN_BYTES. The range is cut into tern_pool_size() chunks
- * (at most TERN__REDUCE_PAR_MAX_CHUNKS) whose inner boundaries fall on 64-byte
+ * TERN__REDUCE_PAR_MIN_BYTES. The range is cut into chunks (see
+ * TERN__REDUCE_PAR_CHUNK_BYTES) whose inner boundaries fall on 64-byte
  * addresses of dst, so no cache line is written by two threads; the caller
- * reduces the first chunk, the pool the others, and the caller blocks (on a
- * condition variable) until they are done. The caller counts as one of the
- * pool's threads: n chunks for n workers leaves one worker free for other
- * work. A chunk whose submit fails (queue_limit, closing pool) is reduced by
- * the caller: no error comes from the pool. Otherwise runs tern__reduce().
- * The call takes as long as its slowest chunk: a worker bound to a core that
- * something else keeps busy holds it up.
+ * and one task per pool thread claim chunks until none is left, and the
+ * caller blocks (on a condition variable) until every chunk is done, not
+ * until every task has run: a task that starts late finds nothing to do. A
+ * refused submit (queue_limit) only means fewer helpers; no error comes from
+ * the pool. Allocates the shared job (freed by its last user); if that or its
+ * mutex fails, the caller reduces alone. Otherwise runs tern__reduce().
  */
 tern_status_t tern__reduce_par(tern_pool_t *pool, tern_reduce_op_t op, tern_dtype_t dtype,
                                void *dst, const void *a, const void *b, size_t count);

@@ -5,16 +5,13 @@
  * and the portable path; the NaN, signed-zero, bool and wraparound rules; AVG
  * as reduce then scale; errors; the pool-parallel form against the serial one.
  */
-#include <float.h>
 #include <math.h>
-#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -1004,7 +1001,7 @@ static void test_par_from_worker(void **state)
     free(want);
 }
 
-/* Every worker busy and the queue full: each submit fails, and the caller
+/* Every worker busy and the queue full: the submits fail, and the caller
  * reduces every chunk itself, with nothing lost and no wait. */
 typedef struct gate {
     atomic_int started, release, filler_ran;
@@ -1050,6 +1047,32 @@ static void test_par_submit_fails(void **state)
     assert_int_equal(atomic_load(&g.filler_ran), 1);
 }
 
+/* Every worker busy, the queue unbounded: the tasks wait in the queue, the
+ * caller claims every chunk and returns without waiting for them; they run
+ * after, find nothing to do, and the last one frees the job (ASan checks). */
+static void test_par_late_tasks(void **state)
+{
+    tern_pool_t *pool = make_pool(2, 0);
+    gate_t g = {0};
+    struct timespec ts = {0, 1000000};
+    uint32_t rng = 13;
+    (void)state;
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(tern_pool_submit(pool, gate_task, &g), TERN_OK);
+    while (atomic_load(&g.started) < 2)
+        nanosleep(&ts, NULL);
+    for (int i = 0; i < 3; i++)
+        par_case(pool, TERN_SUM, TERN_DTYPE_F32, TERN__REDUCE_PAR_MIN_BYTES / 4 + 33, 0,
+                 DST_IS_A, &rng);
+    atomic_store(&g.release, 1);
+    /* Many calls back to back, the tasks of one still running as the next
+     * begins. */
+    for (int i = 0; i < 20; i++)
+        par_case(pool, TERN_MAX, TERN_DTYPE_BF16, TERN__REDUCE_PAR_MIN_BYTES / 2 + 5, 1,
+                 SEPARATE, &rng);
+    assert_int_equal(tern_pool_destroy(pool), TERN_OK);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1068,6 +1091,7 @@ int main(void)
         cmocka_unit_test(test_par_matches_serial),
         cmocka_unit_test(test_par_from_worker),
         cmocka_unit_test(test_par_submit_fails),
+        cmocka_unit_test(test_par_late_tasks),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
