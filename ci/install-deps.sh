@@ -13,6 +13,7 @@ packages=(
     clang-14 libclang-rt-14-dev               # libFuzzer for the tensor wire fuzzer
     openmpi-bin libopenmpi-dev                # mpirun launch tests and the MPI peer in perf/
     iproute2 procps                           # network namespaces in tests; pgrep/kill
+    gnuplot-nox                               # perf/plot_coll.sh: the collectives' busbw plot
 )
 
 missing=()

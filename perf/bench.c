@@ -18,16 +18,24 @@
 #define TAG_DATA 1
 #define TAG_ACK 2
 
-static const char *const names[] = {"lat", "bw", "bibw", "rate"};
+static const char *const names[TERN_BENCH_TEST_COUNT] = {
+    "lat",       "bw",      "bibw",      "rate",           "allreduce",
+    "broadcast", "reduce",  "allgather", "reduce_scatter", "alltoall",
+    "gather",    "scatter", "barrier"};
 
 const char *tern_bench_name(tern_bench_test_t test)
 {
-    return (unsigned)test < 4 ? names[test] : "?";
+    return (unsigned)test < TERN_BENCH_TEST_COUNT ? names[test] : "?";
+}
+
+int tern_bench_is_coll(tern_bench_test_t test)
+{
+    return test >= TERN_BENCH_ALLREDUCE && test <= TERN_BENCH_BARRIER;
 }
 
 int tern_bench_parse(const char *name, tern_bench_test_t *test)
 {
-    for (unsigned i = 0; i < 4; i++) {
+    for (unsigned i = 0; i < TERN_BENCH_TEST_COUNT; i++) {
         if (strcmp(name, names[i]) == 0) {
             *test = (tern_bench_test_t)i;
             return 0;
@@ -124,7 +132,7 @@ tern_status_t tern_bench_run(tern_ctx_t *ctx, const tern_bench_opts_t *opts, siz
     uint64_t *samples = NULL;
     tern_request_t **reqs = NULL;
 
-    if (world < 2)
+    if (world < 2 || tern_bench_is_coll(opts->test))
         return TERN_ERR_INVALID_PARAM;
     memset(res, 0, sizeof(*res));
     res->size = size;

@@ -17,31 +17,57 @@ typedef enum tern_bench_test {
     TERN_BENCH_BW = 1,   /* rank 0 streams a window of messages to rank 1 */
     TERN_BENCH_BIBW = 2, /* both stream at once */
     TERN_BENCH_RATE = 3, /* messages per second with a window in flight */
+    /* Collectives over every rank (perf/bench_coll.c), timed as nccl-tests. */
+    TERN_BENCH_ALLREDUCE = 4,
+    TERN_BENCH_BROADCAST = 5,
+    TERN_BENCH_REDUCE = 6,
+    TERN_BENCH_ALLGATHER = 7,
+    TERN_BENCH_REDUCE_SCATTER = 8,
+    TERN_BENCH_ALLTOALL = 9,
+    TERN_BENCH_GATHER = 10,
+    TERN_BENCH_SCATTER = 11,
+    TERN_BENCH_BARRIER = 12,
 } tern_bench_test_t;
+
+#define TERN_BENCH_TEST_COUNT 13
 
 typedef struct tern_bench_opts {
     tern_bench_test_t test;
     unsigned iters;  /* 0: chosen by size */
     unsigned warmup; /* 0: chosen by size */
     unsigned window; /* messages in flight for bw/bibw/rate */
+    /* Collectives only. A zeroed dtype is f16, not tern-perf's default f32:
+     * callers set it. */
+    tern_dtype_t dtype;
+    tern_reduce_op_t op; /* all_reduce, reduce, reduce_scatter */
+    int root;            /* broadcast, reduce, gather, scatter */
+    int check;           /* verify the last timed iteration's results */
 } tern_bench_opts_t;
 
 typedef struct tern_bench_result {
     size_t size;
     unsigned iters;
-    double lat_us_p50, lat_us_avg, lat_us_p99; /* lat only */
-    double bw_GBps;                           /* bw, bibw (bibw: both directions summed) */
-    double msg_rate;                          /* messages per second */
+    double lat_us_p50, lat_us_avg, lat_us_p99; /* lat and the collectives */
+    double bw_GBps;    /* bw, bibw (bibw: both directions summed); collectives: algbw */
+    double busbw_GBps; /* collectives: algbw times nccl-tests' factor for the operation */
+    double msg_rate;   /* messages per second */
+    /* Collectives with check set: ranks whose results were wrong (every rank
+     * gets the same count), and on a rank that was wrong, its first mismatch. */
+    unsigned check_failures;
+    char check_detail[256];
 } tern_bench_result_t;
 
-/* Run one test at one size; collective over every rank of ctx (pairs 0-1,
- * 2-3, ... run at once; an odd last rank idles). The result is rank 0's.
- * buffers are allocated inside. */
+/* Run one point-to-point test (lat, bw, bibw, rate) at one size; collective
+ * over every rank of ctx (pairs 0-1, 2-3, ... run at once; an odd last rank
+ * idles). The result is rank 0's. buffers are allocated inside. The
+ * collective tests run through tern_bench_coll_run() (perf/bench_coll.h). */
 tern_status_t tern_bench_run(tern_ctx_t *ctx, const tern_bench_opts_t *opts, size_t size,
                              tern_bench_result_t *result);
 
+/* Names of every test, point-to-point and collective ("lat", "allreduce"...). */
 const char *tern_bench_name(tern_bench_test_t test);
 int tern_bench_parse(const char *name, tern_bench_test_t *test);
+int tern_bench_is_coll(tern_bench_test_t test);
 
 /* The CSV header tern-perf prints with --format csv (scripts rely on it). */
 #define TERN_BENCH_CSV_HEADER \

@@ -5,13 +5,21 @@
 #   - ucx_perftest (ucx-utils) tag_lat / tag_bw, UCX_TLS=tcp and UCX_TLS=sm
 #   - raw UCP active messages with the ucx provider's header (perf/ucp_am_pingpong.c)
 #   - Open MPI (perf/mpi_pingpong.c): TCP only (--mca btl tcp,self) and default (shared memory)
+#   - collectives: Open MPI (perf/mpi_coll.c), TCP only and default (shared memory),
+#     against tern's tcp provider and its ucx provider with UCX_TLS=sm
 # Each pair is run back to back, REPEAT times (default 3), and each side's
 # median is reported: on a shared VM one run can be off by 30%. Latency is
 # one-way (RTT/2) average in us, bandwidth is unidirectional GB/s (10^9
 # bytes). Ratios are tern / peer.
 #   perf/compare.sh [BUILD_DIR]        (default: build)
+#   SECTION=p2p|coll|all (default all) picks the point-to-point rows, the
+#   collectives or both; the collectives also write OUT_DIR/coll_curves.csv
+#   (OUT_DIR defaults to BUILD_DIR/perf), which perf/plot_coll.sh plots, and
+#   keep each run's CSV in OUT_DIR/coll_runs.
 set -euo pipefail
 B=$(cd "${1:-build}" && pwd)
+SECTION=${SECTION:-all}
+case $SECTION in p2p | coll | all) ;; *) echo "compare.sh: SECTION is p2p, coll or all, not '$SECTION'" >&2; exit 2 ;; esac
 RUN=$B/tools/tern-run PERF=$B/perf/tern-perf TCP=$B/perf/tcp-pingpong MPI=$B/perf/mpi-pingpong
 AM=$B/perf/ucp-am-pingpong
 # Shared memory is 10x faster than loopback TCP: SM_LAT_ITERS keeps its runs
@@ -67,8 +75,10 @@ row() { # metric tern peer_name peer lower_is_better
 }
 
 echo "# tern vs peers on $(uname -n), $(nproc) cores, $(date -u +%Y-%m-%dT%H:%MZ)"
-echo "# latency: one-way average us (lower is better); bandwidth: GB/s at $BW_SIZE bytes (higher is better)"
 echo "# each figure is the median of $REPEAT runs, tern and peer alternating"
+
+if [ "$SECTION" != coll ]; then
+echo "# latency: one-way average us (lower is better); bandwidth: GB/s at $BW_SIZE bytes (higher is better)"
 printf "%-34s %10s  %-30s %10s  %6s  %s\n" metric tern peer peer ratio verdict
 
 tcp_lat() { "$TCP" lat 8 "$LAT_ITERS" | awk -F, '{ print $3 }'; }
@@ -91,3 +101,99 @@ if have_ucx_provider; then
 else
     echo "# the ucx provider is not built into this tern: its rows are skipped"
 fi
+fi # SECTION p2p
+
+
+[ "$SECTION" = p2p ] && exit 0
+
+# ---- collectives ----
+# nccl-tests' method and columns (docs/perf.md): busbw in GB/s (higher is
+# better), latency = average time of one call in us, slowest rank (lower is
+# better). all_reduce f32 sum: one run per transport and rank count covers
+# every size of COLL_SIZES, with tern-perf's iterations by size (64 MiB of
+# traffic per size, 10 to 10000 calls), so a repeat of the whole section
+# costs about half a minute here. 4 ranks on 2 cores are oversubscribed, for
+# tern and MPI alike.
+MPIC=$B/perf/mpi-coll
+COLL_SIZES=${COLL_SIZES:-8,1k,4k,16k,64k,256k,1M,4M,16M,64M}
+COLL_RANKS=${COLL_RANKS:-2 4}
+OUT_DIR=${OUT_DIR:-$B/perf}
+mkdir -p "$OUT_DIR"
+have_mpic=0; [ -x "$MPIC" ] && have_mpic=1
+have_sm=0; have_ucx_provider && have_sm=1
+# --mca pml ob1: where Open MPI's UCX pml is enabled it would take over and
+# the btl list would restrict nothing.
+# shellcheck disable=SC2054 # tcp,self is one argument
+MPI_TCP=(--mca pml ob1 --mca btl tcp,self)
+
+# A collective's CSV (header and rows) on stdout; a failed run prints a
+# warning and nothing else, so its values count as missing.
+tern_coll() { # transport ranks test sizes [VAR=value...]
+    env "${@:5}" timeout 300 "$RUN" -n "$2" --no-prefix "$PERF" "$3" --transport "$1" --sizes "$4" --format csv ||
+        echo "# tern-perf $3 over $1 with $2 ranks failed" >&2; }
+mpi_coll() { # ranks test sizes [mpirun options...]
+    timeout 300 mpirun "${root[@]}" --oversubscribe -np "$1" "${@:4}" "$MPIC" "$2" --sizes "$3" 2>/dev/null ||
+        echo "# mpi-coll $2 with $1 ranks failed" >&2; }
+# One column (5 size, 8 lat_us_avg, 10 algbw, 11 busbw) of the row for size in
+# each file, median over the files.
+coll_median() { # column size files...
+    local col=$1 size=$2; shift 2
+    # shellcheck disable=SC2046 # one argument per value
+    median $(awk -F, -v c="$col" -v s="$size" '$5 == s && $1 != "test" { print $c }' "$@" /dev/null)
+}
+
+echo "# collectives: busbw GB/s (higher is better), latency = avg us of one call (lower is better)"
+echo "# tcp: tern's tcp provider vs Open MPI --mca btl tcp,self; sm: tern's ucx provider with UCX_TLS=sm vs Open MPI's default (shared memory)"
+printf "%-34s %10s  %-30s %10s  %6s  %s\n" metric tern peer peer ratio verdict
+# Every run's CSV stays in OUT_DIR/coll_runs (SERIES-RANKS-REPEAT), to look
+# into a median that surprises.
+cdir=$OUT_DIR/coll_runs
+rm -rf "$cdir"
+mkdir -p "$cdir"
+for rep in $(seq "$REPEAT"); do
+    for n in $COLL_RANKS; do
+        tern_coll tcp "$n" allreduce "$COLL_SIZES" >"$cdir/tern-tcp-$n-$rep"
+        [ $have_mpic = 1 ] && mpi_coll "$n" allreduce "$COLL_SIZES" "${MPI_TCP[@]}" >"$cdir/mpi-tcp-$n-$rep"
+        [ $have_sm = 1 ] && tern_coll ucx "$n" allreduce "$COLL_SIZES" UCX_TLS=sm >"$cdir/tern-sm-$n-$rep"
+        [ $have_mpic = 1 ] && mpi_coll "$n" allreduce "$COLL_SIZES" >"$cdir/mpi-sm-$n-$rep"
+    done
+done
+MIB=1048576
+for tr in tcp sm; do
+    [ $tr = sm ] && [ $have_sm = 0 ] && { echo "# the ucx provider is not built into this tern: its sm rows are skipped"; continue; }
+    peer="Open MPI, btl tcp,self"; [ $tr = sm ] && peer="Open MPI, default (shared memory)"
+    for n in $COLL_RANKS; do
+        t=("$cdir/tern-$tr-$n-"*) p=("$cdir/mpi-$tr-$n-"*)
+        [ $have_mpic = 1 ] || p=(/dev/null)
+        row "allreduce lat 8 B, $n ranks, $tr" "$(coll_median 8 8 "${t[@]}")" "$peer" "$(coll_median 8 8 "${p[@]}")" 1
+        for mib in 1 4 16 64; do
+            sz=$((mib * MIB))
+            row "allreduce busbw ${mib}M, $n ranks, $tr" "$(coll_median 11 $sz "${t[@]}")" "$peer" "$(coll_median 11 $sz "${p[@]}")" 0
+        done
+    done
+done
+if [ $have_mpic = 1 ]; then
+    tern_busbw() { tern_coll tcp 4 "$1" 4M | awk -F, 'NR == 2 { print $11 }'; }
+    mpi_busbw() { mpi_coll 4 "$1" 4M "${MPI_TCP[@]}" | awk -F, 'NR == 2 { print $11 }'; }
+    pair "broadcast busbw 4M, 4 ranks, tcp" 0 "Open MPI, btl tcp,self" tern_busbw broadcast -- mpi_busbw broadcast
+    pair "allgather busbw 4M, 4 ranks, tcp" 0 "Open MPI, btl tcp,self" tern_busbw allgather -- mpi_busbw allgather
+fi
+
+# The curves: every series' medians at 1 KiB and up, for perf/plot_coll.sh.
+curves=$OUT_DIR/coll_curves.csv
+{
+    echo "# allreduce f32 sum, medians of $REPEAT runs, $(uname -n), $(nproc) cores, $(date -u +%Y-%m-%dT%H:%MZ)"
+    echo "impl,transport,ranks,size,busbw_GBps,algbw_GBps,lat_us_avg"
+    for series in tern-tcp mpi-tcp tern-sm mpi-sm; do
+        for n in $COLL_RANKS; do
+            files=("$cdir/$series-$n-"*)
+            [ -e "${files[0]}" ] || continue
+            for size in $(awk -F, '$1 != "test" && $5 >= 1024 { print $5 }' "${files[@]}" | sort -nu); do
+                printf '%s,%s,%s,%s,%s,%s,%s\n' "${series%-*}" "${series#*-}" "$n" "$size" \
+                    "$(coll_median 11 "$size" "${files[@]}")" "$(coll_median 10 "$size" "${files[@]}")" \
+                    "$(coll_median 8 "$size" "${files[@]}")"
+            done
+        done
+    done
+} >"$curves"
+echo "# curves: $curves (plot: perf/plot_coll.sh $curves docs/img/allreduce_busbw.png)"

@@ -1,7 +1,7 @@
 /*
- * tern-perf: latency, bandwidth and message-rate benchmarks between ranks,
- * run under tern-run, mpirun or srun. Only rank 0 prints, so the CSV stays
- * parseable under any launcher.
+ * tern-perf: latency, bandwidth and message-rate benchmarks between ranks, and
+ * the collectives timed as nccl-tests times them, run under tern-run, mpirun
+ * or srun. Only rank 0 prints, so the CSV stays parseable under any launcher.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -13,6 +13,8 @@
 
 #include "core/config.h"
 #include "perf/bench.h"
+#include "perf/bench_coll.h"
+#include "tensor/reduce.h"
 
 enum format { FMT_TABLE, FMT_CSV, FMT_JSON };
 
@@ -20,7 +22,10 @@ static void usage(FILE *f)
 {
     fprintf(f,
             "usage: tern-perf TEST [options]\n"
-            "  TEST                 lat | bw | bibw | rate\n"
+            "  TEST                 point to point (2 or more ranks): lat | bw | bibw | rate\n"
+            "                       collectives (any number of ranks): allreduce | broadcast |\n"
+            "                       reduce | allgather | reduce_scatter | alltoall | gather |\n"
+            "                       scatter | barrier\n"
             "  --transport NAME     tcp | ucx | verbs | auto (default: TERN_TRANSPORT, auto)\n"
             "  --mem host|cuda      where the buffers live (default host)\n"
             "  --sizes LIST         comma-separated sizes, e.g. 8,64,4k,1M\n"
@@ -31,7 +36,18 @@ static void usage(FILE *f)
             "  --window W           messages in flight for bw, bibw, rate (default 64)\n"
             "  --format table|csv|json   (default table)\n"
             "  --rss                report each rank's resident memory before and after\n"
-            "Run it with 2 or more ranks: tern-run -n 2 tern-perf lat\n");
+            "collectives only:\n"
+            "  --dtype NAME         f32 (default), f64, f16, bf16, i8, i16, i32, i64, u8, bool\n"
+            "  --op NAME            sum (default) | prod | max | min | avg, for allreduce,\n"
+            "                       reduce and reduce_scatter\n"
+            "  --root N             root rank of broadcast, reduce, gather, scatter (default 0)\n"
+            "  --check              verify every size's last timed call against a reference\n"
+            "                       computed here; exit 1 on a wrong element\n"
+            "Sizes are the operation's buffer as nccl-tests counts them (allgather: the\n"
+            "gathered output; reduce_scatter: the input; alltoall: what each rank sends;\n"
+            "gather, scatter: the root's buffer), rounded down to a multiple of the element\n"
+            "size, times the number of ranks for those five. barrier measures size 0 once.\n"
+            "Example: tern-run -n 2 tern-perf lat; tern-run -n 4 tern-perf allreduce --check\n");
 }
 
 static int parse_size(const char *s, size_t *out)
@@ -63,6 +79,32 @@ static void cell(double v, int applies)
         printf("%.3f", v);
 }
 
+/* One collective row; has_bw is 0 for barrier, which moves no payload. */
+static void print_coll(enum format fmt, const char *test, const char *prov, const char *mem,
+                       unsigned world, const tern_bench_result_t *r, int has_bw, unsigned i)
+{
+    if (fmt == FMT_CSV) {
+        printf("%s,%s,%s,%u,%zu,%u,%.3f,%.3f,%.3f,", test, prov, mem, world, r->size, r->iters,
+               r->lat_us_p50, r->lat_us_avg, r->lat_us_p99);
+        cell(r->bw_GBps, has_bw), putchar(',');
+        cell(r->busbw_GBps, has_bw), putchar(',');
+        putchar('\n'); /* msg_rate: point to point only */
+    } else if (fmt == FMT_JSON) {
+        printf("%s{\"size\":%zu,\"iters\":%u,\"lat_us_p50\":%.3f,\"lat_us_avg\":%.3f,"
+               "\"lat_us_p99\":%.3f",
+               i ? "," : "", r->size, r->iters, r->lat_us_p50, r->lat_us_avg, r->lat_us_p99);
+        if (has_bw)
+            printf(",\"bw_GBps\":%.3f,\"busbw_GBps\":%.3f", r->bw_GBps, r->busbw_GBps);
+        printf("}");
+    } else if (has_bw) {
+        printf("%12zu %8u %10.2f %10.2f %10.2f %12.3f %12.3f\n", r->size, r->iters, r->lat_us_p50,
+               r->lat_us_avg, r->lat_us_p99, r->bw_GBps, r->busbw_GBps);
+    } else {
+        printf("%12zu %8u %10.2f %10.2f %10.2f %12s %12s\n", r->size, r->iters, r->lat_us_p50,
+               r->lat_us_avg, r->lat_us_p99, "", "");
+    }
+}
+
 int main(int argc, char **argv)
 {
     tern_bench_opts_t opts = {0};
@@ -70,8 +112,8 @@ int main(int argc, char **argv)
     size_t sizes[64];
     unsigned nsizes = 0;
     size_t min_size = 1, max_size = 4u << 20;
-    int want_rss = 0;
-    const char *mem = "host";
+    int want_rss = 0, coll_opt = 0;
+    const char *mem = "host", *coll_arg = NULL;
     tern_ctx_t *ctx;
     int rc = 1;
 
@@ -84,11 +126,20 @@ int main(int argc, char **argv)
         usage(stderr);
         return 2;
     }
+    int is_coll = tern_bench_is_coll(opts.test);
+    opts.dtype = TERN_DTYPE_F32;
+    opts.op = TERN_SUM;
+    opts.root = 0;
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int takes = 1;
         if (strcmp(a, "--rss") == 0) {
             want_rss = 1;
+            continue;
+        }
+        if (strcmp(a, "--check") == 0) {
+            opts.check = 1;
+            coll_opt = 1, coll_arg = a;
             continue;
         }
         if (v == NULL) {
@@ -130,6 +181,28 @@ int main(int argc, char **argv)
                 opts.warmup = (unsigned)n;
             else
                 opts.window = (unsigned)n;
+        } else if (strcmp(a, "--dtype") == 0) {
+            if (tern_dtype_parse(v, &opts.dtype) != TERN_OK) {
+                fprintf(stderr, "tern-perf: unknown dtype '%s'\n", v);
+                return 2;
+            }
+            coll_opt = 1, coll_arg = a;
+        } else if (strcmp(a, "--op") == 0) {
+            if (tern_reduce_op_parse(v, &opts.op) != TERN_OK) {
+                fprintf(stderr, "tern-perf: unknown op '%s' (sum, prod, max, min, avg)\n", v);
+                return 2;
+            }
+            coll_opt = 1, coll_arg = a;
+        } else if (strcmp(a, "--root") == 0) {
+            char *end;
+            errno = 0;
+            long n = strtol(v, &end, 10);
+            if (*v == '\0' || *end || errno || n < 0 || n > 1000000) {
+                fprintf(stderr, "tern-perf: bad root '%s'\n", v);
+                return 2;
+            }
+            opts.root = (int)n;
+            coll_opt = 1, coll_arg = a;
         } else if (strcmp(a, "--format") == 0) {
             if (strcmp(v, "table") == 0)
                 fmt = FMT_TABLE;
@@ -148,6 +221,20 @@ int main(int argc, char **argv)
         }
         i += takes;
     }
+    if (coll_opt && !is_coll) {
+        fprintf(stderr, "tern-perf: %s applies to the collective tests only, not %s\n", coll_arg,
+                argv[1]);
+        return 2;
+    }
+    int is_reduction = opts.test == TERN_BENCH_ALLREDUCE || opts.test == TERN_BENCH_REDUCE ||
+                       opts.test == TERN_BENCH_REDUCE_SCATTER;
+    int is_rooted = opts.test == TERN_BENCH_BROADCAST || opts.test == TERN_BENCH_REDUCE ||
+                    opts.test == TERN_BENCH_GATHER || opts.test == TERN_BENCH_SCATTER;
+    if (is_reduction && tern__reduce_check(opts.op, opts.dtype) != TERN_OK) {
+        fprintf(stderr, "tern-perf: --op %s --dtype %s: %s\n", tern_reduce_op_name(opts.op),
+                tern_dtype_name(opts.dtype), tern_last_error());
+        return 2;
+    }
     if (strcmp(mem, "host") != 0) {
         /* Never measure something other than what was asked for. */
         fprintf(stderr, "tern-perf: --mem %s: this build's point-to-point layer moves host "
@@ -155,7 +242,11 @@ int main(int argc, char **argv)
                 mem);
         return 2;
     }
-    if (nsizes == 0) {
+    if (opts.test == TERN_BENCH_BARRIER) {
+        /* No payload: one row, whatever the sizes say. */
+        nsizes = 1;
+        sizes[0] = 0;
+    } else if (nsizes == 0) {
         if (min_size > max_size) {
             fprintf(stderr, "tern-perf: --min-size is above --max-size\n");
             return 2;
@@ -171,37 +262,80 @@ int main(int argc, char **argv)
     unsigned rank = tern_ctx_rank(ctx), world = tern_ctx_world_size(ctx);
     char prov[16], dev[128];
     tern_ctx_transport(ctx, prov, sizeof(prov), dev, sizeof(dev));
-    if (world < 2) {
+    if (world < 2 && !is_coll) {
         if (rank == 0)
             fprintf(stderr, "tern-perf: needs 2 or more ranks (tern-run -n 2 tern-perf %s)\n",
                     argv[1]);
         goto out;
     }
+    if (is_rooted && (unsigned)opts.root >= world) {
+        if (rank == 0)
+            fprintf(stderr, "tern-perf: --root %d is not a rank (0..%u)\n", opts.root, world - 1);
+        goto out;
+    }
     long rss0 = rss_kb();
     const char *test = tern_bench_name(opts.test);
+    /* What a collective row was measured with, for the table and JSON (the
+     * CSV's columns are fixed; its callers know what they asked for). */
+    char what[64] = "";
+    if (is_coll && opts.test != TERN_BENCH_BARRIER)
+        snprintf(what, sizeof(what), ", %s%s%s", tern_dtype_name(opts.dtype),
+                 is_reduction ? " " : "", is_reduction ? tern_reduce_op_name(opts.op) : "");
+    if (is_rooted) {
+        size_t l = strlen(what);
+        snprintf(what + l, sizeof(what) - l, ", root %d", opts.root);
+    }
     if (rank == 0) {
-        if (fmt == FMT_CSV)
+        if (fmt == FMT_CSV) {
             printf("%s\n", TERN_BENCH_CSV_HEADER);
-        else if (fmt == FMT_JSON)
+        } else if (fmt == FMT_JSON) {
             printf("{\"test\":\"%s\",\"transport\":\"%s\",\"device\":\"%s\",\"mem\":\"%s\","
-                   "\"ranks\":%u,\"results\":[",
+                   "\"ranks\":%u,",
                    test, prov, dev, mem, world);
-        else
+            if (is_coll && opts.test != TERN_BENCH_BARRIER)
+                printf("\"dtype\":\"%s\",", tern_dtype_name(opts.dtype));
+            if (is_reduction)
+                printf("\"op\":\"%s\",", tern_reduce_op_name(opts.op));
+            if (is_rooted)
+                printf("\"root\":%d,", opts.root);
+            printf("\"results\":[");
+        } else if (is_coll) {
+            printf("# tern-perf %s: transport %s on %s, mem %s, %u ranks%s\n"
+                   "%12s %8s %10s %10s %10s %12s %12s\n",
+                   test, prov, dev, mem, world, what, "size", "iters", "lat_p50_us", "lat_avg_us",
+                   "lat_p99_us", "algbw_GBps", "busbw_GBps");
+        } else {
             printf("# tern-perf %s: transport %s on %s, mem %s, %u ranks\n"
                    "%12s %8s %10s %10s %10s %12s %14s\n",
                    test, prov, dev, mem, world, "size", "iters", "lat_p50_us", "lat_avg_us",
                    "lat_p99_us", "bw_GBps", "msg/s");
+        }
         fflush(stdout);
     }
     for (unsigned i = 0; i < nsizes; i++) {
         tern_bench_result_t r;
-        if (tern_bench_run(ctx, &opts, sizes[i], &r) != TERN_OK) {
+        tern_status_t st = is_coll ? tern_bench_coll_run(ctx, &opts, sizes[i], &r)
+                                   : tern_bench_run(ctx, &opts, sizes[i], &r);
+        if (st != TERN_OK) {
             fprintf(stderr, "tern-perf: rank %u: %s at %zu bytes: %s\n", rank, test, sizes[i],
                     tern_last_error());
             goto out;
         }
+        if (r.check_failures > 0) {
+            /* Every rank knows the count; each wrong one says where it was. */
+            if (r.check_detail[0] != '\0')
+                fprintf(stderr, "tern-perf: --check failed: %s\n", r.check_detail);
+            if (rank == 0)
+                fprintf(stderr, "tern-perf: --check: %u of %u ranks got wrong results\n",
+                        r.check_failures, world);
+            goto out;
+        }
         if (rank != 0)
             continue;
+        if (is_coll) {
+            print_coll(fmt, test, prov, mem, world, &r, opts.test != TERN_BENCH_BARRIER, i);
+            continue;
+        }
         int is_lat = opts.test == TERN_BENCH_LAT;
         if (fmt == FMT_CSV) {
             printf("%s,%s,%s,%u,%zu,%u,", test, prov, mem, world, r.size, r.iters);
@@ -232,6 +366,8 @@ int main(int argc, char **argv)
     }
     if (rank == 0 && fmt == FMT_JSON)
         printf("]}\n");
+    if (rank == 0 && fmt == FMT_TABLE && opts.check)
+        printf("# --check: every rank's results matched the reference at every size\n");
     if (want_rss) {
         char key[32], val[64];
         snprintf(key, sizeof(key), "rss/%u", rank);

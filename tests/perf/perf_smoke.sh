@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # tern-perf runs every test for a few iterations and its output parses: the
 # CSV header is exactly the documented one, each row has every column, the
-# columns that apply hold positive numbers and the others are empty. No speed
-# is asserted here (benchmarks live in perf/).
+# columns that apply hold positive numbers and the others are empty; the
+# collectives also verify their results (--check). No speed is asserted here
+# (benchmarks live in perf/).
 #   perf_smoke.sh TERN_RUN TERN_PERF
 set -euo pipefail
 RUN=$1 PERF=$2
@@ -39,4 +40,70 @@ grep -q "host memory only" <<<"$err" || fail "--mem cuda message: $err"
 "$PERF" lat --sizes 8,abc >/dev/null 2>&1 && fail "bad size accepted"
 err=$(TERN_RANK=0 TERN_WORLD_SIZE=1 "$PERF" lat 2>&1) && fail "one rank accepted"
 grep -q "needs 2 or more ranks" <<<"$err" || fail "one-rank message: $err"
-echo "PASS: tern-perf lat, bw, bibw, rate run and parse"
+
+# Collectives: each test at 1, 3 and 4 ranks, its results checked against the
+# reference (--check), and its CSV as nccl-tests defines the columns: sizes
+# rounded down to what the operation needs, busbw = algbw * the operation's
+# factor, msg_rate empty, barrier one row of latencies only.
+COLL_SIZES=0,8,1000,100k,1M
+coll() { # ranks test [options...]: runs it, prints the CSV
+    "$RUN" -n "$1" --no-prefix "$PERF" "$2" --iters 3 --warmup 1 --check --format csv "${@:3}" ||
+        fail "$2 at $1 ranks (${*:3}): tern-perf exited with $?"
+}
+check_coll_csv() { # ranks test elsize requested_sizes csv
+    local n=$1 t=$2 es=$3 sizes=$4 out=$5 nrows
+    [ "$(printf '%s\n' "$out" | head -n1)" = "$HEADER" ] || fail "$t: header is '$(printf '%s\n' "$out" | head -n1)'"
+    nrows=$(printf '%s\n' "$sizes" | tr ',' '\n' | wc -l)
+    [ "$t" = barrier ] && nrows=1
+    [ "$(printf '%s\n' "$out" | tail -n +2 | wc -l)" -eq "$nrows" ] || fail "$t at $n ranks: expected $nrows rows: $out"
+    printf '%s\n' "$out" | tail -n +2 | awk -F, -v t="$t" -v n="$n" -v es="$es" -v sizes="$sizes" '
+        function num(x) { return x ~ /^[0-9]+(\.[0-9]+)?$/ }
+        function req(s) { return s ~ /k$/ ? s * 1024 : s ~ /M$/ ? s * 1048576 : s + 0 }
+        BEGIN {
+            split(sizes, want, ",")
+            per_rank = t ~ /^(allgather|reduce_scatter|alltoall|gather|scatter)$/
+            unit = es * (per_rank ? n : 1)
+            f = t == "allreduce" ? 2 * (n - 1) / n : t ~ /^(broadcast|reduce)$/ ? 1 : (n - 1) / n
+        }
+        { row++ }
+        NF != 12 { print "row has " NF " fields: " $0; bad = 1; next }
+        $1 != t || $2 != "tcp" || $3 != "host" || $4 != n { print "bad identity: " $0; bad = 1 }
+        $6 != 3 || !num($7) || !num($8) || !num($9) || $12 != "" { print "bad iters/latency/msg_rate: " $0; bad = 1 }
+        t == "barrier" && ($5 != 0 || $10 != "" || $11 != "") { print "barrier has a size or bandwidth: " $0; bad = 1 }
+        t != "barrier" && $5 != int(req(want[row]) / unit) * unit { print "size " $5 " for " want[row] " (unit " unit "): " $0; bad = 1 }
+        t != "barrier" && (!num($10) || !num($11)) { print "bad bandwidth: " $0; bad = 1 }
+        t != "barrier" && ($11 - $10 * f > 0.002 || $10 * f - $11 > 0.002) { print "busbw is not algbw * " f ": " $0; bad = 1 }
+        END { exit bad }' || fail "$t at $n ranks: malformed CSV"
+}
+for n in 1 3 4; do
+    for t in allreduce broadcast reduce allgather reduce_scatter alltoall gather scatter barrier; do
+        extra=()
+        case $t in broadcast | reduce | gather | scatter) extra=(--root $((n - 1))) ;; esac
+        check_coll_csv "$n" "$t" 4 "$COLL_SIZES" "$(coll "$n" "$t" --sizes "$COLL_SIZES" "${extra[@]}")"
+    done
+done
+# Other dtypes and ops, checked the same way.
+for spec in "allreduce f16 prod 2" "allreduce bf16 avg 2" "allreduce i8 max 1" "allreduce bool sum 1" \
+    "allreduce f64 avg 8" "reduce u8 min 1 2" "reduce_scatter i64 sum 8" "reduce_scatter bf16 max 2"; do
+    # shellcheck disable=SC2086 # the words of spec are the arguments
+    set -- $spec
+    check_coll_csv 3 "$1" "$4" 8,100k "$(coll 3 "$1" --sizes 8,100k --dtype "$2" --op "$3" ${5:+--root "$5"})"
+done
+
+# The table and JSON say what a collective measured.
+json=$("$RUN" -n 2 --no-prefix "$PERF" allreduce --sizes 8 --iters 3 --format json --dtype bf16 --op max)
+[[ $json == '{"test":"allreduce","transport":"'*'"ranks":2,"dtype":"bf16","op":"max","results":[{"size":8,"iters":3,"lat_us_p50":'*'"busbw_GBps":'*'}]}' ]] || fail "collective json: $json"
+table=$("$RUN" -n 2 --no-prefix "$PERF" broadcast --sizes 64k --iters 3 --root 1 --check)
+grep -q "^# tern-perf broadcast: transport tcp on .*, 2 ranks, f32, root 1$" <<<"$table" || fail "collective table header: $table"
+grep -q "busbw_GBps" <<<"$table" || fail "collective table columns: $table"
+grep -q "^# --check: every rank's results matched" <<<"$table" || fail "collective table check line: $table"
+
+# Bad collective input is refused before anything runs.
+err=$("$PERF" allreduce --op avg --dtype i32 2>&1) && fail "avg of i32 accepted"
+grep -q "floating" <<<"$err" || fail "avg of i32 message: $err"
+err=$("$PERF" lat --dtype f64 2>&1) && fail "--dtype accepted for lat"
+grep -q "collective tests only" <<<"$err" || fail "--dtype for lat message: $err"
+"$PERF" allreduce --op nosuchop >/dev/null 2>&1 && fail "unknown op accepted"
+err=$("$RUN" -n 2 --no-prefix "$PERF" gather --root 2 2>&1) && fail "root outside the ranks accepted"
+grep -q "not a rank" <<<"$err" || fail "bad root message: $err"
+echo "PASS: tern-perf lat, bw, bibw, rate and the collectives run, check and parse"
