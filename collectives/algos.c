@@ -203,6 +203,32 @@ oom:
 }
 
 /*
+ * The fold of rd and Rabenseifner for a non-power of two: with rem extra
+ * ranks, ranks below 2*rem pair up; the even one sends its data to the odd
+ * one (which computes op(even's, own) into rbuf) and waits for the result
+ * (tag fin_tag). Returns the rank's number among the p2 that go on, with
+ * *last the step that put its data in rbuf, or -1 for a rank that sat out.
+ */
+static int fold_in(tern__coll_t *c, const void *sbuf, void *rbuf, size_t count, int rem, char *tmp,
+                   uint32_t fin_tag, int *last)
+{
+    int r = c->g->rank;
+    size_t bytes = count * es_of(c);
+    if (r < 2 * rem && r % 2 == 0) {
+        int snd = tern__coll_send(c, r + 1, 0, sbuf, bytes, -1, -1);
+        tern__coll_recv(c, r + 1, fin_tag, rbuf, bytes, snd, -1);
+        return -1;
+    }
+    if (r < 2 * rem) {
+        int rcv = tern__coll_recv(c, r - 1, 0, tmp, bytes, -1, -1);
+        *last = tern__coll_reduce(c, rbuf, tmp, sbuf, count, rcv, -1);
+        return r / 2;
+    }
+    *last = rbuf != sbuf ? tern__coll_copy(c, rbuf, sbuf, bytes, -1, -1) : -1;
+    return r - rem;
+}
+
+/*
  * Recursive doubling. With p2 the largest power of two <= n and rem = n - p2,
  * ranks below 2*rem pair up first (the even one hands its data to the odd one
  * and waits for the result), leaving p2 ranks that exchange whole buffers
@@ -222,20 +248,9 @@ static void allreduce_rd(tern__coll_t *c, const void *sbuf, void *rbuf, size_t c
     char *tmp = tern__coll_scratch(c, bytes * (size_t)(steps + 1));
     if (bytes > 0 && tmp == NULL)
         return;
-    if (r < 2 * rem && r % 2 == 0) {
-        int snd = tern__coll_send(c, r + 1, 0, sbuf, bytes, -1, -1);
-        tern__coll_recv(c, r + 1, (uint32_t)steps + 1, rbuf, bytes, snd, -1);
+    int last, newrank = fold_in(c, sbuf, rbuf, count, rem, tmp, (uint32_t)steps + 1, &last);
+    if (newrank < 0)
         return;
-    }
-    int last, newrank;
-    if (r < 2 * rem) {
-        int rcv = tern__coll_recv(c, r - 1, 0, tmp, bytes, -1, -1);
-        last = tern__coll_reduce(c, rbuf, tmp, sbuf, count, rcv, -1);
-        newrank = r / 2;
-    } else {
-        last = rbuf != sbuf ? tern__coll_copy(c, rbuf, sbuf, bytes, -1, -1) : -1;
-        newrank = r - rem;
-    }
     for (int i = 1, mask = 1; mask < p2; mask <<= 1, i++) {
         int pn = newrank ^ mask;
         int peer = pn < rem ? pn * 2 + 1 : pn + rem;
@@ -276,20 +291,9 @@ static void allreduce_rab(tern__coll_t *c, const void *sbuf, void *rbuf, size_t 
     if (bytes > 0 && tmp == NULL)
         return;
     uint32_t fin_tag = 2u * (uint32_t)steps + 1;
-    if (r < 2 * rem && r % 2 == 0) {
-        int snd = tern__coll_send(c, r + 1, 0, sbuf, bytes, -1, -1);
-        tern__coll_recv(c, r + 1, fin_tag, rbuf, bytes, snd, -1);
+    int last, newrank = fold_in(c, sbuf, rbuf, count, rem, tmp, fin_tag, &last);
+    if (newrank < 0)
         return;
-    }
-    int last, newrank;
-    if (r < 2 * rem) {
-        int rcv = tern__coll_recv(c, r - 1, 0, tmp, bytes, -1, -1);
-        last = tern__coll_reduce(c, rbuf, tmp, sbuf, count, rcv, -1);
-        newrank = r / 2;
-    } else {
-        last = rbuf != sbuf ? tern__coll_copy(c, rbuf, sbuf, bytes, -1, -1) : -1;
-        newrank = r - rem;
-    }
     size_t lo = 0, hi = count;
     size_t wlo[32], whi[32];
     int rs_send[32];
