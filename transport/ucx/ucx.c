@@ -2349,8 +2349,11 @@ static void describe_device(ucx_tp_t *tp, const ucp_config_t *config)
         }
         n += (size_t)w;
     }
-    snprintf(tp->base.attr.device, sizeof(tp->base.attr.device), "UCX %s (UCX_TLS=%s: %s)",
-             ucp_get_version_string(), tls, res[0] ? res : "?");
+    /* A description for people: cut short if it must be, never an error. */
+    if (snprintf(tp->base.attr.device, sizeof(tp->base.attr.device), "UCX %s (UCX_TLS=%s: %s)",
+                 ucp_get_version_string(), tls, res[0] ? res : "?") >=
+        (int)sizeof(tp->base.attr.device))
+        tern_debug("ucx: device description cut to %zu bytes", sizeof(tp->base.attr.device) - 1);
     free(cfg);
     free(info);
 }
