@@ -107,11 +107,6 @@ static size_t segment(const tern_group_t *g)
     return s < SEG_MIN ? SEG_MIN : s;
 }
 
-static tern_status_t start(tern__coll_t *c, tern_request_t **req)
-{
-    return tern__coll_start(c, req);
-}
-
 static tern__coll_t *coll_new(const call_t *k, tern_dtype_t dtype, tern_reduce_op_t op)
 {
     return tern__coll_new(k->g, k->name, dtype, op);
@@ -144,7 +139,7 @@ tern_status_t tern_all_reduce(tern_group_t *g, const void *sbuf, void *rbuf, siz
     if (c == NULL)
         return TERN_ERR_NO_MEMORY;
     tern__build_allreduce(c, sbuf, rbuf, count, algo, segment(g));
-    return start(c, req);
+    return tern__coll_start(c, req);
 }
 
 /* ---- broadcast ---- */
@@ -166,7 +161,7 @@ tern_status_t tern_broadcast(tern_group_t *g, void *buf, size_t count, tern_dtyp
     if (c == NULL)
         return TERN_ERR_NO_MEMORY;
     tern__build_bcast(c, buf, bytes, root, algo, segment(g));
-    return start(c, req);
+    return tern__coll_start(c, req);
 }
 
 /* ---- reduce ---- */
@@ -198,10 +193,26 @@ tern_status_t tern_reduce(tern_group_t *g, const void *sbuf, void *rbuf, size_t 
     if (c == NULL)
         return TERN_ERR_NO_MEMORY;
     tern__build_reduce(c, sbuf, g->rank == root ? rbuf : NULL, count, root, algo, segment(g));
-    return start(c, req);
+    return tern__coll_start(c, req);
 }
 
 /* ---- all_gather ---- */
+
+/* Every block of a v-call in range; *total = bytes up to the end of the last. */
+static tern_status_t check_blocks(const call_t *k, const size_t *counts, const size_t *displs,
+                                  size_t *total)
+{
+    *total = 0;
+    if (counts == NULL || displs == NULL)
+        return tern__error(TERN_ERR_INVALID_PARAM, "%s: NULL counts or displs", k->name);
+    for (int r = 0; r < k->g->size; r++) {
+        size_t end;
+        if (__builtin_add_overflow(displs[r], counts[r], &end) || bytes_of(k, end, 1, &end) != TERN_OK)
+            return tern__error(TERN_ERR_OUT_OF_RANGE, "%s: block %d is out of range", k->name, r);
+        *total = end > *total ? end : *total;
+    }
+    return TERN_OK;
+}
 
 static tern_status_t all_gather_common(call_t *k, const void *sbuf, size_t scount, void *rbuf,
                                        const size_t *counts, const size_t *displs,
@@ -216,14 +227,8 @@ static tern_status_t all_gather_common(call_t *k, const void *sbuf, size_t scoun
     if (scount != counts[g->rank])
         return tern__error(TERN_ERR_INVALID_PARAM, "%s: sendcount %zu but counts[%d] = %zu",
                            k->name, scount, g->rank, counts[g->rank]);
-    for (int r = 0; r < g->size; r++) {
-        size_t end;
-        if (__builtin_add_overflow(displs[r], counts[r], &end) ||
-            (st = bytes_of(k, end, 1, &end)) != TERN_OK)
-            return tern__error(TERN_ERR_OUT_OF_RANGE, "%s: block %d is out of range", k->name, r);
-        total = end > total ? end : total;
-    }
-    if ((st = check_buf(k, rbuf, total, "recvbuf")) != TERN_OK)
+    if ((st = check_blocks(k, counts, displs, &total)) != TERN_OK ||
+        (st = check_buf(k, rbuf, total, "recvbuf")) != TERN_OK)
         return st;
     const void *mine = (const char *)rbuf + displs[g->rank] * k->es;
     if (sbuf != mine && overlap(sbuf, sbytes, rbuf, total))
@@ -238,7 +243,7 @@ static tern_status_t all_gather_common(call_t *k, const void *sbuf, size_t scoun
     if (c == NULL)
         return TERN_ERR_NO_MEMORY;
     tern__build_allgatherv(c, sbuf, rbuf, counts, displs, algo);
-    return start(c, req);
+    return tern__coll_start(c, req);
 }
 
 /* counts and displs for equal blocks of count elements. */
@@ -293,22 +298,6 @@ tern_status_t tern_all_gatherv(tern_group_t *g, const void *sbuf, size_t scount,
 
 /* ---- gather / scatter ---- */
 
-/* Checks the root's side of a v-call: every block in range. total = bytes. */
-static tern_status_t check_blocks(const call_t *k, const size_t *counts, const size_t *displs,
-                                  size_t *total)
-{
-    *total = 0;
-    if (counts == NULL || displs == NULL)
-        return tern__error(TERN_ERR_INVALID_PARAM, "%s: NULL counts or displs", k->name);
-    for (int r = 0; r < k->g->size; r++) {
-        size_t end;
-        if (__builtin_add_overflow(displs[r], counts[r], &end) || bytes_of(k, end, 1, &end) != TERN_OK)
-            return tern__error(TERN_ERR_OUT_OF_RANGE, "%s: block %d is out of range", k->name, r);
-        *total = end > *total ? end : *total;
-    }
-    return TERN_OK;
-}
-
 static tern_status_t gatherv_common(call_t *k, const void *sbuf, size_t scount, void *rbuf,
                                     const size_t *counts, const size_t *displs, tern_dtype_t dtype,
                                     int root, tern_request_t **req)
@@ -331,7 +320,7 @@ static tern_status_t gatherv_common(call_t *k, const void *sbuf, size_t scount, 
     if (c == NULL)
         return TERN_ERR_NO_MEMORY;
     tern__build_gatherv(c, sbuf, scount, rbuf, counts, displs, root);
-    return start(c, req);
+    return tern__coll_start(c, req);
 }
 
 tern_status_t tern_gather(tern_group_t *g, const void *sbuf, void *rbuf, size_t count,
@@ -382,7 +371,7 @@ static tern_status_t scatterv_common(call_t *k, const void *sbuf, const size_t *
     if (c == NULL)
         return TERN_ERR_NO_MEMORY;
     tern__build_scatterv(c, sbuf, counts, displs, rbuf, rcount, root);
-    return start(c, req);
+    return tern__coll_start(c, req);
 }
 
 tern_status_t tern_scatter(tern_group_t *g, const void *sbuf, void *rbuf, size_t count,
@@ -435,7 +424,7 @@ tern_status_t tern_reduce_scatter(tern_group_t *g, const void *sbuf, void *rbuf,
     if (c == NULL)
         return TERN_ERR_NO_MEMORY;
     tern__build_reduce_scatter(c, sbuf, rbuf, count, segment(g));
-    return start(c, req);
+    return tern__coll_start(c, req);
 }
 
 /* ---- all_to_all ---- */
@@ -465,7 +454,7 @@ static tern_status_t all_to_all_common(call_t *k, const void *sbuf, const size_t
     if (c == NULL)
         return TERN_ERR_NO_MEMORY;
     tern__build_alltoallv(c, sbuf, scounts, sdispls, rbuf, rcounts, rdispls, algo);
-    return start(c, req);
+    return tern__coll_start(c, req);
 }
 
 tern_status_t tern_all_to_all(tern_group_t *g, const void *sbuf, void *rbuf, size_t count,
@@ -510,7 +499,7 @@ tern_status_t tern_barrier(tern_group_t *g, tern_request_t **req)
     if (c == NULL)
         return TERN_ERR_NO_MEMORY;
     tern__build_barrier(c);
-    return start(c, req);
+    return tern__coll_start(c, req);
 }
 
 /* ---- tensors ---- */

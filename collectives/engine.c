@@ -252,6 +252,11 @@ static bool ready(const tern__coll_t *c, const step_t *s)
     return true;
 }
 
+static const char *step_verb(const step_t *s)
+{
+    return s->kind == STEP_SEND ? "sending to" : "receiving from";
+}
+
 /* A posted step's request completed: take its outcome. */
 static void reap(tern__coll_t *c, step_t *s)
 {
@@ -279,8 +284,7 @@ static void reap(tern__coll_t *c, step_t *s)
         return;
     }
     if (st != TERN_OK)
-        fail(c, st, "%s rank %d: %s", s->kind == STEP_SEND ? "sending to" : "receiving from", w,
-             tern_strerror(st));
+        fail(c, st, "%s rank %d: %s", step_verb(s), w, tern_strerror(st));
 }
 
 /* Start a step whose inputs are ready. */
@@ -300,8 +304,7 @@ static void launch(tern__coll_t *c, step_t *s)
             st = tern__p2p_irecv(comm, c->g->cid, s->dst, s->n, w, (int)wire_tag(c, s), &s->req);
         if (st != TERN_OK) {
             s->state = STEP_DONE;
-            fail(c, st, "%s rank %d: %s", s->kind == STEP_SEND ? "sending to" : "receiving from",
-                 w, tern_last_error());
+            fail(c, st, "%s rank %d: %s", step_verb(s), w, tern_last_error());
             return;
         }
         s->state = STEP_POSTED;

@@ -13,6 +13,12 @@
 
 #define WORLD_CID 1u
 
+static void group_free(tern_group_t *g)
+{
+    free(g->world);
+    free(g);
+}
+
 static void fini_hook(tern__comm_t *comm)
 {
     coll_state_t *cs = comm->coll_state;
@@ -20,10 +26,8 @@ static void fini_hook(tern__comm_t *comm)
         return;
     /* Collectives nobody waited on stay with the requests their callers hold
      * (p2p's teardown cancels what they posted). */
-    if (cs->world != NULL) {
-        free(cs->world->world);
-        free(cs->world);
-    }
+    if (cs->world != NULL)
+        group_free(cs->world);
     free(cs);
     comm->coll_state = NULL;
 }
@@ -127,8 +131,7 @@ void tern_group_destroy(tern_group_t *g)
 {
     if (g == NULL || g->is_world)
         return;
-    free(g->world);
-    free(g);
+    group_free(g);
 }
 
 int tern_group_rank(const tern_group_t *g)
