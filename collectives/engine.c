@@ -347,12 +347,21 @@ static void describe_pending(const tern__coll_t *c, char *buf, size_t size)
     }
 }
 
-/* Fail if a member is known lost or nothing moved for the timeout. */
+/* Fail if a rank this call still has to send to or hear from is known lost,
+ * or nothing moved for the timeout. A lost member this rank is done with
+ * does not fail the call: its data already arrived, and the ranks that still
+ * need it fail and send ABORT. */
 static void check_health(tern__coll_t *c, uint64_t now)
 {
     tern__comm_t *comm = c->g->comm;
-    for (int r = 0; r < c->g->size; r++) {
-        int w = c->g->world[r];
+    bool any_lost = false;
+    for (int r = 0; r < c->g->size && !any_lost; r++)
+        any_lost = comm->peer_failed[c->g->world[r]] != TERN_OK;
+    for (size_t i = c->first; any_lost && i < c->nsteps; i++) {
+        const step_t *s = &c->steps[i];
+        if (s->state == STEP_DONE || (s->kind != STEP_SEND && s->kind != STEP_RECV))
+            continue;
+        int w = c->g->world[s->peer];
         if (comm->peer_failed[w] != TERN_OK) {
             fail(c, comm->peer_failed[w], "rank %d was lost", w);
             return;
