@@ -110,6 +110,14 @@ static const field_t fields[] = {
     {.name = "TERN_COLL_SEGMENT", .group = "tern", .type = FIELD_SIZE, .dflt = "512k",
      .offset = OFF(coll_segment),
      .doc = "pipelined collectives (ring, chain) move data in segments of this many bytes"},
+    {.name = "TERN_RPC_TIMEOUT", .group = "tern", .type = FIELD_DURATION, .dflt = "60s",
+     .offset = OFF(rpc_timeout_ns),
+     .doc = "an RPC's timeout when the call names none (tern_rpc_options_t overrides it); "
+            "its future then fails with TERN_ERR_TIMEOUT"},
+    {.name = "TERN_RPC_WINDOW", .group = "tern", .type = FIELD_INT, .dflt = "256",
+     .offset = OFF(rpc_window), .min = 1, .max = 65536,
+     .doc = "RPCs in flight from one worker to another; a call beyond it waits for one to "
+            "finish"},
     {.name = "TERN_MASTER_ADDR", .group = "tern", .type = FIELD_STRING, .dflt = "",
      .offset = OFF(tern_master_addr), .size = sizeof(((tern__config_t *)0)->tern_master_addr),
      .doc = "host of tern's store, when it must differ from MASTER_ADDR"},

@@ -56,6 +56,9 @@ typedef struct tern__config {
     int64_t coll_algo_allgather; /* auto|ring|bruck */
     int64_t coll_algo_alltoall;  /* auto|pairwise|linear */
     uint64_t coll_segment;
+    /* rpc */
+    int64_t rpc_timeout_ns;
+    int64_t rpc_window;
 } tern__config_t;
 
 /* Name of a launcher for messages ("torchrun"). */

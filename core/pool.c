@@ -81,6 +81,25 @@ static bool drained(const tern_pool_t *pool)
     return pool->closing && pool->count == 0 && pool->running == 0;
 }
 
+/* Run the task at the head of the queue (lock held, count > 0) outside the
+ * lock; returns with the lock held again. */
+static void run_front(tern_pool_t *pool)
+{
+    task_t t = pool->ring[pool->head];
+    pool->head = (pool->head + 1) % pool->capacity;
+    pool->count--;
+    pool->running++;
+    pthread_mutex_unlock(&pool->lock);
+
+    t.fn(t.arg);
+
+    pthread_mutex_lock(&pool->lock);
+    pool->running--;
+    /* The last task of a drain wakes the idle workers so they can exit. */
+    if (drained(pool))
+        pthread_cond_broadcast(&pool->work_cv);
+}
+
 /*
  * A worker: binds itself before it takes any task, reports to pool_start(),
  * then runs tasks outside the lock until the drain is over.
@@ -114,25 +133,11 @@ static void *worker_main(void *arg)
     pool->bind_failed += bind_failed ? 1 : 0;
     pthread_cond_broadcast(&pool->started_cv);
     for (;;) {
-        task_t t;
-
         while (pool->count == 0 && !drained(pool))
             pthread_cond_wait(&pool->work_cv, &pool->lock);
         if (pool->count == 0)
             break;
-        t = pool->ring[pool->head];
-        pool->head = (pool->head + 1) % pool->capacity;
-        pool->count--;
-        pool->running++;
-        pthread_mutex_unlock(&pool->lock);
-
-        t.fn(t.arg);
-
-        pthread_mutex_lock(&pool->lock);
-        pool->running--;
-        /* The last task of a drain wakes the idle workers so they can exit. */
-        if (drained(pool))
-            pthread_cond_broadcast(&pool->work_cv);
+        run_front(pool);
     }
     pthread_mutex_unlock(&pool->lock);
     return NULL;
@@ -360,4 +365,19 @@ int tern__pool_closing(tern_pool_t *pool)
     closing = pool->closing;
     pthread_mutex_unlock(&pool->lock);
     return closing;
+}
+
+int tern__pool_run_one(tern_pool_t *pool)
+{
+    int ran = 0;
+
+    if (pool == NULL || current_pool != pool)
+        return 0;
+    pthread_mutex_lock(&pool->lock);
+    if (pool->count != 0) {
+        run_front(pool);
+        ran = 1;
+    }
+    pthread_mutex_unlock(&pool->lock);
+    return ran;
 }

@@ -96,4 +96,10 @@ tern_status_t tern__topology_report(FILE *out, hwloc_topology_t topo,
  */
 int tern__pool_closing(tern_pool_t *pool);
 
+/* Called from one of pool's own workers: run one queued task on this thread,
+ * if there is one (returns 1), else return 0 at once. A worker that must wait
+ * for work queued behind it (an RPC handler waiting on a nested call) helps
+ * with it instead of holding its thread idle. */
+int tern__pool_run_one(tern_pool_t *pool);
+
 #endif

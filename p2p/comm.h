@@ -105,6 +105,15 @@ struct tern__comm {
     void (*coll_progress)(tern__comm_t *comm, bool check_time);
     void (*coll_free)(tern_request_t *req);
     void (*coll_fini)(tern__comm_t *comm);
+    /* RPC (rpc/) hooks in the same way. rpc_timers counts calls with a
+     * deadline: while nonzero the progress thread wakes often enough to run
+     * rpc_poll (lock NOT held), which fails the late ones. rpc_peer_lost runs
+     * (lock held) when a peer is lost; rpc_fini before p2p's teardown. */
+    void *rpc_state;
+    atomic_uint rpc_timers;
+    void (*rpc_poll)(tern__comm_t *comm);
+    void (*rpc_peer_lost)(tern__comm_t *comm, int peer);
+    void (*rpc_fini)(tern__comm_t *comm);
 };
 
 /* The comm of a context (after tern_init). */
@@ -127,6 +136,15 @@ void tern__req_complete(tern_request_t *req, tern_status_t status);
  * tern_request_wait (lock held): returns its status and info, and frees it
  * once no transport operation names it. */
 tern_status_t tern__req_release(tern__comm_t *comm, tern_request_t *req, tern_msg_info_t *info);
+
+/*
+ * Progress the transport until *done is set or timeout_ns (< 0: never) has
+ * passed, as tern_request_wait() does; returns whether *done was set. When
+ * the caller is one of the context pool's workers, an idle wait runs queued
+ * pool tasks (tern__pool_run_one), so a handler waiting on work queued behind
+ * it does not deadlock the pool.
+ */
+bool tern__comm_wait(tern__comm_t *comm, atomic_int *done, int64_t timeout_ns);
 
 /* Run the collectives' progress hook if a completion asked for it (lock NOT
  * held); check_time also lets them look at their deadlines. */

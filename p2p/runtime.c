@@ -25,6 +25,7 @@
 #include "core/context.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/topology.h"
 #include "p2p/comm.h"
 
 /* How long a waiter progresses by itself before it sleeps (blocking mode). */
@@ -50,6 +51,8 @@ static void on_event(const tern_event_t *ev, void *arg)
             tern_warn("lost rank %u", ev->src);
             comm->peer_failed[ev->src] = TERN_ERR_PEER_LOST;
             tern__p2p_peer_lost(comm, (int)ev->src, TERN_ERR_PEER_LOST);
+            if (comm->rpc_peer_lost != NULL)
+                comm->rpc_peer_lost(comm, (int)ev->src);
         }
         return;
     }
@@ -153,6 +156,9 @@ static void *progress_main(void *arg)
         /* Collectives in flight move on here when nobody waits on them; the
          * clock check lets a stalled one time out. */
         tern__comm_coll_poll(comm, n == 0);
+        bool timers = atomic_load_explicit(&comm->rpc_timers, memory_order_relaxed) != 0;
+        if (n == 0 && timers && comm->rpc_poll != NULL)
+            comm->rpc_poll(comm);
         if (n > 0)
             continue;
         if (!may_sleep) {
@@ -161,7 +167,7 @@ static void *progress_main(void *arg)
         }
         /* Wake at least every 100 ms to notice stop. */
         struct pollfd p = {.fd = fd, .events = POLLIN};
-        poll(&p, 1, atomic_load(&comm->coll_active) != 0 ? 10 : 100);
+        poll(&p, 1, atomic_load(&comm->coll_active) != 0 || timers ? 10 : 100);
     }
     return NULL;
 }
@@ -291,11 +297,16 @@ tern_status_t tern_finalize(tern_ctx_t *ctx)
     tern_status_t st, st2;
     if (ctx == NULL)
         return TERN_OK;
+    /* RPC left running is shut down here (not gracefully): its handlers must
+     * be gone before the pool is. */
+    tern__comm_t *comm = tern__comm(ctx);
+    if (comm != NULL && comm->rpc_fini != NULL)
+        comm->rpc_fini(comm);
     /* Meet first: once every rank is here nobody sends any more, so closing
      * the transport loses nothing in flight. */
     st = tern_store_barrier(tern_ctx_store(ctx), "tern/finalize", tern_ctx_world_size(ctx),
                             tern__ctx_timeout(ctx));
-    comm_free(tern__comm(ctx));
+    comm_free(comm);
     st2 = tern__ctx_teardown(ctx, true);
     return st != TERN_OK ? st : st2;
 }
@@ -378,41 +389,48 @@ tern_status_t tern_request_test(tern_request_t *req, int *done, tern_msg_info_t 
     return st;
 }
 
-tern_status_t tern_request_wait(tern_request_t *req, int64_t timeout_ns, tern_msg_info_t *info)
-{
-    tern__comm_t *comm;
-    int done = 0;
-    if (req == NULL)
-        return tern__error(TERN_ERR_INVALID_PARAM, "tern_request_wait: NULL request");
-    comm = req->comm;
-    /* Done already (an eager send): nothing to wait for. */
-    if (atomic_load_explicit(&req->done, memory_order_acquire))
-        return tern_request_test(req, &done, info);
+typedef enum wait_end { WAIT_DONE, WAIT_DONE_LOCKED, WAIT_TIMED_OUT } wait_end_t;
 
-    /* The waiter drives progress itself, and the progress thread keeps out of
-     * the way: no hand-off between threads on the path of a reply. It spins
-     * first; then (TERN_POLL=blocking) it sleeps on the transport's fd, so the
-     * kernel wakes it when something arrives. The clock is read only every
-     * POLLS_PER_CLOCK idle polls: most waits end before the first look. */
+/*
+ * The waiter drives progress itself, and the progress thread keeps out of the
+ * way: no hand-off between threads on the path of a reply. It spins first;
+ * then (TERN_POLL=blocking) it sleeps on the transport's fd, so the kernel
+ * wakes it when something arrives. The clock is read only every
+ * POLLS_PER_CLOCK idle polls: most waits end before the first look. With
+ * keep_lock, a wait that sees *done right after its own progress returns
+ * WAIT_DONE_LOCKED with the lock still held (one round less for the caller).
+ * A pool worker runs queued pool tasks when idle (tern__comm_wait).
+ */
+static wait_end_t wait_loop(tern__comm_t *comm, atomic_int *done, int64_t timeout_ns,
+                            bool keep_lock)
+{
     int fd = tern_transport_fd(comm->tp);
+    tern_pool_t *pool = tern_ctx_pool(comm->ctx);
+    bool helper = tern_pool_in_worker(pool);
     uint64_t start = 0, deadline = UINT64_MAX;
     unsigned idle = 0;
-    bool timed_out = false, locked = false;
+    wait_end_t end = WAIT_DONE;
     atomic_fetch_add(&comm->spinning, 1);
-    while (!atomic_load_explicit(&req->done, memory_order_acquire)) {
+    while (!atomic_load_explicit(done, memory_order_acquire)) {
         if (pthread_mutex_trylock(&comm->lock) != 0) {
             /* Another waiter is progressing; it will complete ours too. */
             sched_yield();
             continue;
         }
         int n = tern_transport_progress(comm->tp);
-        if (atomic_load_explicit(&req->done, memory_order_acquire)) {
-            locked = true; /* finish under this hold of the lock: one round less */
+        if (atomic_load_explicit(done, memory_order_acquire)) {
+            if (keep_lock) {
+                end = WAIT_DONE_LOCKED; /* finish under this hold of the lock */
+                break;
+            }
+            pthread_mutex_unlock(&comm->lock);
             break;
         }
         if (n > 0 || ++idle % POLLS_PER_CLOCK != 0) {
             pthread_mutex_unlock(&comm->lock);
             tern__comm_coll_poll(comm, false);
+            if (n == 0 && helper && tern__pool_run_one(pool))
+                continue;
             if (n == 0 && comm->yield_idle)
                 sched_yield();
             continue;
@@ -425,22 +443,29 @@ tern_status_t tern_request_wait(tern_request_t *req, int64_t timeout_ns, tern_ms
         }
         if (now >= deadline) {
             pthread_mutex_unlock(&comm->lock);
-            timed_out = !atomic_load_explicit(&req->done, memory_order_acquire);
+            if (!atomic_load_explicit(done, memory_order_acquire))
+                end = WAIT_TIMED_OUT;
             break;
         }
         /* Not done (checked above, and it cannot change while we hold the lock). */
-        bool sleep = !comm->busy_poll && fd >= 0 && now - start > SPIN_NS &&
+        bool sleep = !comm->busy_poll && fd >= 0 && now - start > SPIN_NS && !helper &&
                      tern_transport_arm(comm->tp) == TERN_OK;
         pthread_mutex_unlock(&comm->lock);
         tern__comm_coll_poll(comm, true);
-        if (atomic_load_explicit(&req->done, memory_order_acquire))
+        if (comm->rpc_poll != NULL && atomic_load_explicit(&comm->rpc_timers, memory_order_relaxed))
+            comm->rpc_poll(comm);
+        if (atomic_load_explicit(done, memory_order_acquire))
             break;
+        if (helper && tern__pool_run_one(pool))
+            continue;
         if (sleep) {
             uint64_t left = deadline - now;
             struct pollfd p = {.fd = fd, .events = POLLIN};
             /* Short naps: another waiter may complete our request without the
              * fd ever turning readable for us. */
             poll(&p, 1, left < 10000000ull ? (int)(left / 1000000) + 1 : 10);
+        } else if (helper) {
+            sched_yield();
         }
     }
     /* Tell the progress thread a waiter was here: it stays asleep for another
@@ -448,6 +473,26 @@ tern_status_t tern_request_wait(tern_request_t *req, int64_t timeout_ns, tern_ms
      * microseconds. No wake-up call, which would cost a context switch. */
     atomic_fetch_add(&comm->waits, 1);
     atomic_fetch_sub(&comm->spinning, 1);
+    return end;
+}
+
+bool tern__comm_wait(tern__comm_t *comm, atomic_int *done, int64_t timeout_ns)
+{
+    return wait_loop(comm, done, timeout_ns, false) != WAIT_TIMED_OUT;
+}
+
+tern_status_t tern_request_wait(tern_request_t *req, int64_t timeout_ns, tern_msg_info_t *info)
+{
+    tern__comm_t *comm;
+    int done = 0;
+    if (req == NULL)
+        return tern__error(TERN_ERR_INVALID_PARAM, "tern_request_wait: NULL request");
+    comm = req->comm;
+    /* Done already (an eager send): nothing to wait for. */
+    if (atomic_load_explicit(&req->done, memory_order_acquire))
+        return tern_request_test(req, &done, info);
+    wait_end_t end = wait_loop(comm, &req->done, timeout_ns, true);
+    bool locked = end == WAIT_DONE_LOCKED, timed_out = end == WAIT_TIMED_OUT;
     if (locked) {
         tern_status_t st = req_finish(comm, req, info);
         pthread_mutex_unlock(&comm->lock);
