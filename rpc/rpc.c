@@ -240,6 +240,12 @@ static size_t pad8(size_t n)
     return (n + 7) & ~(size_t)7;
 }
 
+/* Payload memory: cache-line aligned, whole lines (aligned_alloc's rule), never NULL for 0. */
+static void *alloc64(size_t n)
+{
+    return aligned_alloc(64, n == 0 ? 64 : (n + 63) & ~(size_t)63);
+}
+
 static char *dup_printf(const char *fmt, ...) TERN_PRINTF(1, 2);
 static char *dup_printf(const char *fmt, ...)
 {
@@ -760,7 +766,7 @@ static tern_status_t start_pull(rpc_t *rpc, int src, tin_t *t, void **buf, tern_
     tern_status_t st = tern__comm_ep(rpc->comm, src, &ep);
     if (st != TERN_OK)
         return st;
-    if ((*buf = aligned_alloc(64, pad8(t->nbytes) + 64)) == NULL)
+    if ((*buf = alloc64(t->nbytes)) == NULL)
         return tern__error(TERN_ERR_NO_MEMORY, "rpc: cannot allocate %zu bytes", t->nbytes);
     t->t.data = *buf;
     tern_mr_params_t mp = {.field_mask = TERN_MR_PARAM_ACCESS, .access = TERN_ACCESS_LOCAL};
@@ -1949,7 +1955,7 @@ tern_status_t tern_rpc_call_alloc_tensor(tern_rpc_call_t *c, tern_dtype_t dtype,
         return st;
     if (nbytes > MAX_TENSOR_BYTES)
         return tern__error(TERN_ERR_OUT_OF_RANGE, "result of %zu bytes", nbytes);
-    if ((t.data = aligned_alloc(64, pad8(nbytes) + 64)) == NULL)
+    if ((t.data = alloc64(nbytes)) == NULL)
         return tern__error(TERN_ERR_NO_MEMORY, "cannot allocate a %zu-byte result", nbytes);
     c->res[c->nres] = t;
     c->res_bufs[c->nres] = t.data;
@@ -2105,7 +2111,7 @@ tern_status_t tern_rref_local(tern_ctx_t *ctx, const tern_rpc_args_t *value, ter
             (st = tern_tensor_init(&tmp.tensors[i], NULL, t->dtype, t->ndim, t->shape,
                                    t->device)) != TERN_OK)
             goto fail;
-        if ((tmp.bufs[i] = aligned_alloc(64, pad8(nbytes) + 64)) == NULL)
+        if ((tmp.bufs[i] = alloc64(nbytes)) == NULL)
             goto nomem;
         tmp.nbufs = i + 1;
         tmp.tensors[i].data = tmp.bufs[i];
