@@ -27,9 +27,11 @@ typedef enum tern_bench_test {
     TERN_BENCH_GATHER = 10,
     TERN_BENCH_SCATTER = 11,
     TERN_BENCH_BARRIER = 12,
+    /* RPC round trips and call rate (perf/bench_rpc.c): rows rpc_lat, rpc_rate. */
+    TERN_BENCH_RPC = 13,
 } tern_bench_test_t;
 
-#define TERN_BENCH_TEST_COUNT 13
+#define TERN_BENCH_TEST_COUNT 14
 
 typedef struct tern_bench_opts {
     tern_bench_test_t test;
@@ -60,11 +62,12 @@ typedef struct tern_bench_result {
 /* Run one point-to-point test (lat, bw, bibw, rate) at one size; collective
  * over every rank of ctx (pairs 0-1, 2-3, ... run at once; an odd last rank
  * idles). The result is rank 0's. buffers are allocated inside. The
- * collective tests run through tern_bench_coll_run() (perf/bench_coll.h). */
+ * collective tests run through tern_bench_coll_run() (perf/bench_coll.h), rpc
+ * through perf/bench_rpc.h. */
 tern_status_t tern_bench_run(tern_ctx_t *ctx, const tern_bench_opts_t *opts, size_t size,
                              tern_bench_result_t *result);
 
-/* Names of every test, point-to-point and collective ("lat", "allreduce"...). */
+/* Names of every test, point-to-point, collective and rpc ("lat", "allreduce"...). */
 const char *tern_bench_name(tern_bench_test_t test);
 int tern_bench_parse(const char *name, tern_bench_test_t *test);
 int tern_bench_is_coll(tern_bench_test_t test);

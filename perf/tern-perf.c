@@ -1,7 +1,8 @@
 /*
- * tern-perf: latency, bandwidth and message-rate benchmarks between ranks, and
- * the collectives timed as nccl-tests times them, run under tern-run, mpirun
- * or srun. Only rank 0 prints, so the CSV stays parseable under any launcher.
+ * tern-perf: latency, bandwidth and message-rate benchmarks between ranks, the
+ * collectives timed as nccl-tests times them, and RPC round trips and call
+ * rate, run under tern-run, mpirun or srun. Only rank 0 prints, so the CSV
+ * stays parseable under any launcher.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -14,6 +15,7 @@
 #include "core/config.h"
 #include "perf/bench.h"
 #include "perf/bench_coll.h"
+#include "perf/bench_rpc.h"
 #include "tensor/reduce.h"
 
 enum format { FMT_TABLE, FMT_CSV, FMT_JSON };
@@ -26,6 +28,10 @@ static void usage(FILE *f)
             "                       collectives (any number of ranks): allreduce | broadcast |\n"
             "                       reduce | allgather | reduce_scatter | alltoall | gather |\n"
             "                       scatter | barrier\n"
+            "                       rpc (2 or more ranks): rank 0 calls rank 1's RPC worker;\n"
+            "                       rows rpc_lat (round trip of rpc_sync, an echo of one u8\n"
+            "                       tensor of each size, default size 8) and rpc_rate\n"
+            "                       (no-op rpc_async calls/s, --window calls in flight)\n"
             "  --transport NAME     tcp | ucx | verbs | auto (default: TERN_TRANSPORT, auto)\n"
             "  --mem host|cuda      where the buffers live (default host)\n"
             "  --sizes LIST         comma-separated sizes, e.g. 8,64,4k,1M\n"
@@ -33,7 +39,8 @@ static void usage(FILE *f)
             "  --max-size M         (default 1 to 4M)\n"
             "  --iters N            timed iterations per size (default: by size)\n"
             "  --warmup N           untimed iterations first (default: iters/10)\n"
-            "  --window W           messages in flight for bw, bibw, rate (default 64)\n"
+            "  --window W           messages in flight for bw, bibw, rate; calls for rpc\n"
+            "                       (default 64)\n"
             "  --format table|csv|json   (default table)\n"
             "  --rss                report each rank's resident memory before and after\n"
             "collectives only:\n"
@@ -47,7 +54,10 @@ static void usage(FILE *f)
             "gathered output; reduce_scatter: the input; alltoall: what each rank sends;\n"
             "gather, scatter: the root's buffer), rounded down to a multiple of the element\n"
             "size, times the number of ranks for those five. barrier measures size 0 once.\n"
-            "Example: tern-run -n 2 tern-perf lat; tern-run -n 4 tern-perf allreduce --check\n");
+            "rpc_lat latencies are whole round trips (lat's are half of one); its bw_GBps\n"
+            "counts the payload both ways. rpc_rate has size 0 and iters x window calls.\n"
+            "Example: tern-run -n 2 tern-perf lat; tern-run -n 4 tern-perf allreduce --check;\n"
+            "         tern-run -n 2 tern-perf rpc --sizes 0,8,64k,1M\n");
 }
 
 static int parse_size(const char *s, size_t *out)
@@ -77,6 +87,57 @@ static void cell(double v, int applies)
 {
     if (applies)
         printf("%.3f", v);
+}
+
+/* The cells a point-to-point or rpc row has. */
+#define HAS_LAT 1u
+#define HAS_BW 2u
+#define HAS_RATE 4u
+
+/* One point-to-point or rpc row. named: the row says its test (a JSON key, the
+ * table's first column), as rpc prints two kinds of rows under one test. */
+static void print_p2p(enum format fmt, const char *test, const char *prov, const char *mem,
+                      unsigned world, const tern_bench_result_t *r, unsigned has, int named,
+                      unsigned i)
+{
+    if (fmt == FMT_CSV) {
+        printf("%s,%s,%s,%u,%zu,%u,", test, prov, mem, world, r->size, r->iters);
+        cell(r->lat_us_p50, has & HAS_LAT), putchar(',');
+        cell(r->lat_us_avg, has & HAS_LAT), putchar(',');
+        cell(r->lat_us_p99, has & HAS_LAT), putchar(',');
+        cell(r->bw_GBps, has & HAS_BW), putchar(',');
+        putchar(','); /* busbw: collectives only */
+        if (has & HAS_RATE)
+            printf("%.0f", r->msg_rate);
+        putchar('\n');
+    } else if (fmt == FMT_JSON) {
+        printf("%s{", i ? "," : "");
+        if (named)
+            printf("\"test\":\"%s\",", test);
+        printf("\"size\":%zu,\"iters\":%u", r->size, r->iters);
+        if (has & HAS_LAT)
+            printf(",\"lat_us_p50\":%.3f,\"lat_us_avg\":%.3f,\"lat_us_p99\":%.3f", r->lat_us_p50,
+                   r->lat_us_avg, r->lat_us_p99);
+        if (has & HAS_BW)
+            printf(",\"bw_GBps\":%.3f", r->bw_GBps);
+        if (has & HAS_RATE)
+            printf(",\"msg_rate\":%.0f", r->msg_rate);
+        printf("}");
+    } else {
+        char p50[32] = "", avg[32] = "", p99[32] = "", bw[32] = "", rate[32] = "";
+        if (has & HAS_LAT) {
+            snprintf(p50, sizeof(p50), "%.2f", r->lat_us_p50);
+            snprintf(avg, sizeof(avg), "%.2f", r->lat_us_avg);
+            snprintf(p99, sizeof(p99), "%.2f", r->lat_us_p99);
+        }
+        if (has & HAS_BW)
+            snprintf(bw, sizeof(bw), "%.3f", r->bw_GBps);
+        if (has & HAS_RATE)
+            snprintf(rate, sizeof(rate), "%.0f", r->msg_rate);
+        if (named)
+            printf("%-9s ", test);
+        printf("%12zu %8u %10s %10s %10s %12s %14s\n", r->size, r->iters, p50, avg, p99, bw, rate);
+    }
 }
 
 /* One collective row; has_bw is 0 for barrier, which moves no payload. */
@@ -112,7 +173,7 @@ int main(int argc, char **argv)
     size_t sizes[64];
     unsigned nsizes = 0;
     size_t min_size = 1, max_size = 4u << 20;
-    int want_rss = 0, coll_opt = 0;
+    int want_rss = 0, coll_opt = 0, range_given = 0;
     const char *mem = "host", *coll_arg = NULL;
     tern_ctx_t *ctx;
     int rc = 1;
@@ -126,7 +187,7 @@ int main(int argc, char **argv)
         usage(stderr);
         return 2;
     }
-    int is_coll = tern_bench_is_coll(opts.test);
+    int is_coll = tern_bench_is_coll(opts.test), is_rpc = opts.test == TERN_BENCH_RPC;
     opts.dtype = TERN_DTYPE_F32;
     opts.op = TERN_SUM;
     opts.root = 0;
@@ -166,6 +227,7 @@ int main(int argc, char **argv)
                 fprintf(stderr, "tern-perf: bad size '%s'\n", v);
                 return 2;
             }
+            range_given = 1;
         } else if (strcmp(a, "--iters") == 0 || strcmp(a, "--warmup") == 0 ||
                    strcmp(a, "--window") == 0) {
             char *end;
@@ -246,6 +308,9 @@ int main(int argc, char **argv)
         /* No payload: one row, whatever the sizes say. */
         nsizes = 1;
         sizes[0] = 0;
+    } else if (is_rpc && nsizes == 0 && !range_given) {
+        nsizes = 1; /* an RPC's round trip is about its overhead: one small size */
+        sizes[0] = 8;
     } else if (nsizes == 0) {
         if (min_size > max_size) {
             fprintf(stderr, "tern-perf: --min-size is above --max-size\n");
@@ -273,6 +338,12 @@ int main(int argc, char **argv)
             fprintf(stderr, "tern-perf: --root %d is not a rank (0..%u)\n", opts.root, world - 1);
         goto out;
     }
+    /* Every rank a worker before anything prints, so a failure here is the
+     * only output. */
+    if (is_rpc && tern_bench_rpc_init(ctx, &opts) != TERN_OK) {
+        fprintf(stderr, "tern-perf: rank %u: rpc: %s\n", rank, tern_last_error());
+        goto out;
+    }
     long rss0 = rss_kb();
     const char *test = tern_bench_name(opts.test);
     /* What a collective row was measured with, for the table and JSON (the
@@ -298,12 +369,20 @@ int main(int argc, char **argv)
                 printf("\"op\":\"%s\",", tern_reduce_op_name(opts.op));
             if (is_rooted)
                 printf("\"root\":%d,", opts.root);
+            if (is_rpc)
+                printf("\"window\":%u,", opts.window ? opts.window : 64);
             printf("\"results\":[");
         } else if (is_coll) {
             printf("# tern-perf %s: transport %s on %s, mem %s, %u ranks%s\n"
                    "%12s %8s %10s %10s %10s %12s %12s\n",
                    test, prov, dev, mem, world, what, "size", "iters", "lat_p50_us", "lat_avg_us",
                    "lat_p99_us", "algbw_GBps", "busbw_GBps");
+        } else if (is_rpc) {
+            printf("# tern-perf rpc: transport %s on %s, mem %s, %u ranks, window %u; rpc_lat\n"
+                   "# is the round trip of rpc_sync (us), rpc_rate rpc_async calls per second\n"
+                   "%-9s %12s %8s %10s %10s %10s %12s %14s\n",
+                   prov, dev, mem, world, opts.window ? opts.window : 64, "test", "size", "iters",
+                   "lat_p50_us", "lat_avg_us", "lat_p99_us", "bw_GBps", "calls/s");
         } else {
             printf("# tern-perf %s: transport %s on %s, mem %s, %u ranks\n"
                    "%12s %8s %10s %10s %10s %12s %14s\n",
@@ -311,6 +390,40 @@ int main(int argc, char **argv)
                    "lat_p99_us", "bw_GBps", "msg/s");
         }
         fflush(stdout);
+    }
+    if (is_rpc) {
+        /* Rank 0 calls, the others serve until it is done; every rank then
+         * shuts RPC down, failed or not. */
+        int failed = 0;
+        unsigned row = 0;
+        tern_bench_result_t r;
+        for (unsigned i = 0; rank == 0 && i < nsizes && !failed; i++) {
+            if (tern_bench_rpc_lat(ctx, &opts, sizes[i], &r) != TERN_OK) {
+                fprintf(stderr, "tern-perf: rpc_lat at %zu bytes: %s\n", sizes[i],
+                        tern_last_error());
+                failed = 1;
+                break;
+            }
+            print_p2p(fmt, "rpc_lat", prov, mem, world, &r, HAS_LAT | (r.size ? HAS_BW : 0), 1,
+                      row++);
+            fflush(stdout);
+        }
+        if (rank == 0 && !failed) {
+            if (tern_bench_rpc_rate(ctx, &opts, &r) != TERN_OK) {
+                fprintf(stderr, "tern-perf: rpc_rate: %s\n", tern_last_error());
+                failed = 1;
+            } else {
+                print_p2p(fmt, "rpc_rate", prov, mem, world, &r, HAS_RATE, 1, row++);
+                fflush(stdout);
+            }
+        }
+        if (tern_bench_rpc_fini(ctx) != TERN_OK) {
+            fprintf(stderr, "tern-perf: rank %u: rpc shutdown: %s\n", rank, tern_last_error());
+            failed = 1;
+        }
+        if (failed)
+            goto out;
+        nsizes = 0; /* the rows are out */
     }
     for (unsigned i = 0; i < nsizes; i++) {
         tern_bench_result_t r;
@@ -336,32 +449,8 @@ int main(int argc, char **argv)
             print_coll(fmt, test, prov, mem, world, &r, opts.test != TERN_BENCH_BARRIER, i);
             continue;
         }
-        int is_lat = opts.test == TERN_BENCH_LAT;
-        if (fmt == FMT_CSV) {
-            printf("%s,%s,%s,%u,%zu,%u,", test, prov, mem, world, r.size, r.iters);
-            cell(r.lat_us_p50, is_lat), putchar(',');
-            cell(r.lat_us_avg, is_lat), putchar(',');
-            cell(r.lat_us_p99, is_lat), putchar(',');
-            cell(r.bw_GBps, !is_lat), putchar(',');
-            putchar(','); /* busbw: collectives only */
-            if (!is_lat)
-                printf("%.0f", r.msg_rate);
-            putchar('\n');
-        } else if (fmt == FMT_JSON) {
-            printf("%s{\"size\":%zu,\"iters\":%u", i ? "," : "", r.size, r.iters);
-            if (is_lat)
-                printf(",\"lat_us_p50\":%.3f,\"lat_us_avg\":%.3f,\"lat_us_p99\":%.3f",
-                       r.lat_us_p50, r.lat_us_avg, r.lat_us_p99);
-            else
-                printf(",\"bw_GBps\":%.3f,\"msg_rate\":%.0f", r.bw_GBps, r.msg_rate);
-            printf("}");
-        } else if (is_lat) {
-            printf("%12zu %8u %10.2f %10.2f %10.2f %12s %14s\n", r.size, r.iters, r.lat_us_p50,
-                   r.lat_us_avg, r.lat_us_p99, "", "");
-        } else {
-            printf("%12zu %8u %10s %10s %10s %12.3f %14.0f\n", r.size, r.iters, "", "", "",
-                   r.bw_GBps, r.msg_rate);
-        }
+        print_p2p(fmt, test, prov, mem, world, &r,
+                  opts.test == TERN_BENCH_LAT ? HAS_LAT : HAS_BW | HAS_RATE, 0, i);
         fflush(stdout);
     }
     if (rank == 0 && fmt == FMT_JSON)

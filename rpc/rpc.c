@@ -76,11 +76,20 @@ typedef struct fork_ent {
 
 typedef struct tern_rpc_call call_t;
 
+/* A result tensor of a call: its memory is the call's unless borrowed (to_here
+ * answers from the owner's value). */
+typedef struct result {
+    tern_tensor_t t;
+    tern_mr_t *mr;
+    bool borrowed;
+} result_t;
+
 /* What an RRef points at, on its owner. */
 typedef struct owner {
     uint64_t id;
     UT_hash_handle hh;
     owner_state_t state;
+    bool created;     /* its REMOTE (or tern_rref_local) has arrived */
     tern_status_t status;
     char *error;
     const tern__rpc_entry_t *cls; /* an object: its class */
@@ -159,23 +168,20 @@ struct tern_rpc_call {
     owner_t *made;       /* M_REMOTE: the RRef it fills (busy held) */
     char name[2 * TERN_RPC_NAME_MAX + 2];
     void *msg;           /* the request (inline payloads and blob point into it) */
-    tern_tensor_t args[2 * MAX_TENSORS];
+    tern_tensor_t *args;  /* [value.ntensors] */
     tern_rpc_value_t value;
-    void *bufs[MAX_TENSORS];
-    tern_mr_t *mrs[MAX_TENSORS];
+    void **bufs;          /* [nbufs] pulled arguments, and their registrations */
+    tern_mr_t **mrs;
     size_t nbufs;
     int gets;
     tern_status_t get_status;
-    tern_rref_t *rrefs[MAX_RREFS];
+    tern_rref_t **rrefs;  /* [nrrefs] */
     size_t nrrefs;
-    /* results */
-    tern_tensor_t res[MAX_TENSORS];
-    void *res_bufs[MAX_TENSORS];
-    tern_mr_t *res_mrs[MAX_TENSORS];
-    size_t nres;
+    /* results: each apart, so a tensor handed to the handler stays put */
+    result_t **res;
+    size_t nres, capres;
     void *res_blob;
     size_t res_blob_len;
-    bool res_borrowed;   /* res[] views the owner's value (to_here): not ours to free */
     char *error;
     bool deferred;
     bool in_handler;           /* its handler runs now (under lock) */
@@ -448,6 +454,18 @@ static owner_t *owner_new(rpc_t *rpc, uint64_t id)
         return NULL;
     }
     return o;
+}
+
+/*
+ * The owner of id, made in advance if its REMOTE has not arrived yet: a worker
+ * given the RRef by a third may reach the owner first (different
+ * connections, no order between them), with a FORK or a call that must then
+ * wait for the creation, as PyTorch's getOrCreateOwnerRRef does.
+ */
+static owner_t *owner_get(rpc_t *rpc, uint64_t id)
+{
+    owner_t *o = owner_find(rpc, id);
+    return o != NULL ? o : owner_new(rpc, id);
 }
 
 /* ---- RRef handles ---- */
@@ -798,6 +816,36 @@ static tern_status_t start_pull(rpc_t *rpc, int src, tin_t *t, void **buf, tern_
 
 /* ---- calls in ---- */
 
+static void results_clear(call_t *c)
+{
+    for (size_t i = 0; i < c->nres; i++) {
+        tern_mr_dereg(c->res[i]->mr);
+        if (!c->res[i]->borrowed)
+            free(c->res[i]->t.data);
+        free(c->res[i]);
+    }
+    c->nres = 0;
+}
+
+/* Room for one more result; NULL when out of memory or over the limit. */
+static result_t *result_add(call_t *c)
+{
+    if (c->nres == MAX_TENSORS)
+        return NULL;
+    if (c->nres == c->capres) {
+        size_t cap = c->capres ? c->capres * 2 : 2;
+        result_t **n = realloc(c->res, cap * sizeof(*n));
+        if (n == NULL)
+            return NULL;
+        c->res = n;
+        c->capres = cap;
+    }
+    result_t *r = calloc(1, sizeof(*r));
+    if (r != NULL)
+        c->res[c->nres++] = r;
+    return r;
+}
+
 static void call_free(rpc_t *rpc, call_t *c)
 {
     for (size_t i = 0; i < c->nbufs; i++) {
@@ -806,11 +854,12 @@ static void call_free(rpc_t *rpc, call_t *c)
     }
     for (size_t i = 0; i < c->nrrefs; i++)
         rref_drop_locked(rpc, c->rrefs[i]);
-    for (size_t i = 0; i < c->nres; i++) {
-        tern_mr_dereg(c->res_mrs[i]);
-        if (!c->res_borrowed)
-            free(c->res_bufs[i]);
-    }
+    results_clear(c);
+    free(c->res);
+    free(c->bufs);
+    free(c->mrs);
+    free(c->rrefs);
+    free(c->args);
     if (c->self != NULL) {
         c->self->busy--;
         owner_maybe_free(rpc, c->self);
@@ -832,6 +881,36 @@ static void dispatch(rpc_t *rpc, call_t *c);
 
 static void reply(rpc_t *rpc, call_t *c, tern_status_t st);
 
+/*
+ * Find what c runs: fn itself, or for a call on an object of class C, "C.fn"
+ * ("C.to_here" for to_here). A to_here on a value runs nothing (entry NULL).
+ */
+static tern_status_t resolve_fn(call_t *c, char *why, size_t size)
+{
+    const owner_t *o = c->self;
+    const char *fn = c->type == M_TO_HERE ? "to_here" : c->name;
+    char full[2 * TERN_RPC_NAME_MAX + 2];
+    if (c->type == M_TO_HERE && o->cls == NULL)
+        return TERN_OK;
+    if (o != NULL && o->cls != NULL)
+        snprintf(full, sizeof(full), "%.63s.%.63s", o->cls->name, fn);
+    else
+        snprintf(full, sizeof(full), "%.63s", fn);
+    snprintf(c->name, sizeof(c->name), "%s", full);
+    c->entry = tern__rpc_lookup(full, strlen(full));
+    if (c->entry == NULL) {
+        snprintf(why, size, "%s: no such function", full);
+        return c->type == M_TO_HERE ? TERN_ERR_UNSUPPORTED : TERN_ERR_NOT_FOUND;
+    }
+    if (c->entry->ctor != NULL && (c->type != M_REMOTE || o != NULL)) {
+        snprintf(why, size, "%s: a class, not a function", full);
+        return TERN_ERR_NOT_FOUND;
+    }
+    if (c->entry->ctor != NULL)
+        c->made->cls = c->entry;
+    return TERN_OK;
+}
+
 /* The owner c runs on is ready, failed, or c needs nothing (lock held). */
 static void call_ready(rpc_t *rpc, call_t *c)
 {
@@ -846,14 +925,27 @@ static void call_ready(rpc_t *rpc, call_t *c)
         reply(rpc, c, o->status);
         return;
     }
+    if (o != NULL) {
+        char why[MAX_ERROR];
+        tern_status_t st = resolve_fn(c, why, sizeof(why));
+        if (st != TERN_OK) {
+            c->error = strdup(why);
+            reply(rpc, c, st);
+            return;
+        }
+    }
     if (o != NULL && c->entry == NULL) {
         /* to_here on a value: answer from the owner's memory, no handler */
-        c->res_borrowed = true;
         for (size_t i = 0; i < o->ntensors; i++) {
-            c->res[i] = o->tensors[i];
-            c->res_bufs[i] = o->tensors[i].data;
+            result_t *r = result_add(c);
+            if (r == NULL) {
+                c->error = dup_printf("out of memory");
+                reply(rpc, c, TERN_ERR_NO_MEMORY);
+                return;
+            }
+            r->t = o->tensors[i];
+            r->borrowed = true;
         }
-        c->nres = o->ntensors;
         if (o->blob_len > 0 && (c->res_blob = malloc(o->blob_len)) != NULL) {
             memcpy(c->res_blob, o->blob, o->blob_len);
             c->res_blob_len = o->blob_len;
@@ -869,8 +961,17 @@ static void call_ready(rpc_t *rpc, call_t *c)
             reply(rpc, c, TERN_ERR_OUT_OF_RANGE);
             return;
         }
-        memmove(c->args + o->ntensors, c->args, n * sizeof(c->args[0]));
-        memcpy(c->args, o->tensors, o->ntensors * sizeof(c->args[0]));
+        tern_tensor_t *all = malloc((o->ntensors + n + 1) * sizeof(*all));
+        if (all == NULL) {
+            c->error = dup_printf("out of memory");
+            reply(rpc, c, TERN_ERR_NO_MEMORY);
+            return;
+        }
+        memcpy(all, o->tensors, o->ntensors * sizeof(*all));
+        if (n > 0)
+            memcpy(all + o->ntensors, c->args, n * sizeof(*all));
+        free(c->args);
+        c->args = all;
         c->value.ntensors = n + o->ntensors;
         c->value.tensors = c->args;
     }
@@ -927,10 +1028,9 @@ static tern_status_t take_rref(rpc_t *rpc, const uint8_t *p, tern_rref_t **out)
         return tern__error(TERN_ERR_NO_MEMORY, "rpc: out of memory");
     tern_status_t st = TERN_OK;
     if (owner == rpc->rank) {
-        owner_t *o = owner_find(rpc, id);
+        owner_t *o = owner_get(rpc, id);
         if (o == NULL)
-            st = tern__error(TERN_ERR_NOT_FOUND, "RRef %#llx is not owned here (any more)",
-                             (unsigned long long)id);
+            st = tern__error(TERN_ERR_NO_MEMORY, "rpc: out of memory");
         else if (!(flags & RA_REGISTERED))
             st = owner_add_fork(o, fork, rpc->rank);
         if (st == TERN_OK && (flags & RA_CHILD)) {
@@ -998,7 +1098,9 @@ static void handle_request(rpc_t *rpc, int src, const hdr_t *h, const uint8_t *d
 
     /* The RRef it fills, first: whatever fails from here on is recorded in it. */
     if (h->type == M_REMOTE) {
-        owner_t *o = owner_find(rpc, h->aux1) ? NULL : owner_new(rpc, h->aux1);
+        owner_t *o = owner_get(rpc, h->aux1);
+        if (o != NULL && o->created)
+            o = NULL; /* the id is taken: refuse, keep the other */
         if (o == NULL || owner_add_fork(o, h->aux2, src) != TERN_OK) {
             st = TERN_ERR_NO_MEMORY;
             snprintf(why, sizeof(why), "cannot create RRef %#llx", (unsigned long long)h->aux1);
@@ -1006,15 +1108,15 @@ static void handle_request(rpc_t *rpc, int src, const hdr_t *h, const uint8_t *d
                 owner_maybe_free(rpc, o);
             goto fail;
         }
+        o->created = true;
         o->busy++;
         c->made = o;
     }
     /* What it runs on, and what it runs. */
     if (h->target != 0) {
-        if ((c->self = owner_find(rpc, h->target)) == NULL) {
-            st = TERN_ERR_NOT_FOUND;
-            snprintf(why, sizeof(why), "%s owns no RRef %#llx (deleted?)",
-                     rpc->names[rpc->rank], (unsigned long long)h->target);
+        if ((c->self = owner_get(rpc, h->target)) == NULL) {
+            st = TERN_ERR_NO_MEMORY;
+            snprintf(why, sizeof(why), "out of memory");
             goto fail;
         }
         c->self->busy++;
@@ -1023,28 +1125,19 @@ static void handle_request(rpc_t *rpc, int src, const hdr_t *h, const uint8_t *d
         snprintf(why, sizeof(why), "to_here names no RRef");
         goto fail;
     }
-    if (h->type != M_TO_HERE || c->self->cls != NULL) {
-        const char *fn = h->type == M_TO_HERE ? "to_here" : c->name;
-        char full[2 * TERN_RPC_NAME_MAX + 2];
-        if (c->self != NULL && c->self->cls != NULL)
-            snprintf(full, sizeof(full), "%.63s.%.63s", c->self->cls->name, fn);
-        else
-            snprintf(full, sizeof(full), "%.63s", fn);
-        snprintf(c->name, sizeof(c->name), "%s", full);
-        c->entry = tern__rpc_lookup(full, strlen(full));
-        if (c->entry == NULL || (c->entry->ctor != NULL && h->type != M_REMOTE) ||
-            (c->entry->ctor != NULL && c->self != NULL)) {
-            st = c->entry == NULL && h->type == M_TO_HERE ? TERN_ERR_UNSUPPORTED
-                                                          : TERN_ERR_NOT_FOUND;
-            snprintf(why, sizeof(why), "%s: %s", full,
-                     c->entry != NULL ? "a class, not a function" : "no such function");
-            goto fail;
-        }
-        if (c->entry->ctor != NULL)
-            c->made->cls = c->entry;
-    }
+    /* A plain function now; a method once its object is ready (call_ready). */
+    if (c->self == NULL && (st = resolve_fn(c, why, sizeof(why))) != TERN_OK)
+        goto fail;
 
     /* The arguments. */
+    if ((h->nrrefs && (c->rrefs = calloc(h->nrrefs, sizeof(*c->rrefs))) == NULL) ||
+        (h->ntensors && ((c->args = calloc(h->ntensors, sizeof(*c->args))) == NULL ||
+                         (c->bufs = calloc(h->ntensors, sizeof(*c->bufs))) == NULL ||
+                         (c->mrs = calloc(h->ntensors, sizeof(*c->mrs))) == NULL))) {
+        st = TERN_ERR_NO_MEMORY;
+        snprintf(why, sizeof(why), "out of memory");
+        goto fail;
+    }
     for (uint32_t i = 0; i < h->nrrefs; i++, p += RREF_WIRE) {
         if ((st = take_rref(rpc, p, &c->rrefs[c->nrrefs])) != TERN_OK) {
             snprintf(why, sizeof(why), "RRef argument %u: %s", i, tern_last_error());
@@ -1145,12 +1238,15 @@ static void reply(rpc_t *rpc, call_t *c, tern_status_t st)
                 st = TERN_ERR_NO_MEMORY;
             } else {
                 for (size_t i = 0; i < c->nres; i++) {
-                    o->tensors[i] = c->res[i];
-                    o->bufs[i] = c->res_bufs[i];
-                    c->res_bufs[i] = NULL;
+                    o->tensors[i] = c->res[i]->t;
+                    o->bufs[i] = c->res[i]->t.data;
+                    if (!c->res[i]->borrowed) /* a to_here-style view stays the other's */
+                        c->res[i]->t.data = NULL;
+                    else
+                        o->bufs[i] = NULL;
                 }
                 o->ntensors = o->nbufs = c->nres;
-                c->nres = 0;
+                results_clear(c);
                 o->blob = c->res_blob;
                 o->blob_len = c->res_blob_len;
                 c->res_blob = NULL;
@@ -1165,7 +1261,7 @@ static void reply(rpc_t *rpc, call_t *c, tern_status_t st)
         }
         owner_settle(rpc, o);
         /* the caller hears only the status: it releases the arguments */
-        c->nres = 0;
+        results_clear(c);
         c->res_blob_len = 0;
     }
     if (c->type == M_REMOTE && c->made == NULL) {
@@ -1184,18 +1280,21 @@ static void reply(rpc_t *rpc, call_t *c, tern_status_t st)
         snprintf(text, sizeof(text), "%s: %s%s%s", rpc->names[rpc->rank], named ? "" : c->name,
                  named ? "" : ": ", why);
         text_len = strlen(text);
-        c->nres = 0;
+        results_clear(c);
     }
     size += pad8(text_len);
     size_t blob_len = st == TERN_OK ? c->res_blob_len : 0;
-    tern_status_t est = plan_tensors(rpc, c->caller, c->res, c->nres, plan, &size);
+    tern_tensor_t res[MAX_TENSORS];
+    for (size_t i = 0; i < c->nres; i++)
+        res[i] = c->res[i]->t;
+    tern_status_t est = plan_tensors(rpc, c->caller, res, c->nres, plan, &size);
     if (est != TERN_OK) {
         plan_undo(plan, c->nres);
         snprintf(text, sizeof(text), "%s: %s: cannot send the result: %s", rpc->names[rpc->rank],
                  c->name, tern_last_error());
         text_len = strlen(text);
         st = est;
-        c->nres = 0;
+        results_clear(c);
         blob_len = 0;
         size = HDR + pad8(text_len);
     }
@@ -1224,7 +1323,7 @@ static void reply(rpc_t *rpc, call_t *c, tern_status_t st)
         memcpy(p, c->res_blob, blob_len);
     bool held = false;
     for (size_t i = 0; i < c->nres; i++) {
-        c->res_mrs[i] = plan[i].mr;
+        c->res[i]->mr = plan[i].mr;
         held |= plan[i].rndv;
         free(plan[i].tmp); /* results are contiguous: never set */
     }
@@ -1371,10 +1470,15 @@ static void handle_ctl(rpc_t *rpc, int src, const hdr_t *h)
 {
     switch (h->type) {
     case M_FORK: {
-        owner_t *o = owner_find(rpc, h->target);
-        if (o == NULL || (int64_t)h->aux2 < 0 || h->aux2 >= (uint64_t)rpc->world) {
-            tern_warn("rpc: fork of unknown RRef %#llx from %s", (unsigned long long)h->target,
-                      wname(rpc, src));
+        if (h->aux2 >= (uint64_t)rpc->world) {
+            tern_warn("rpc: fork from %s names rank %llu", wname(rpc, src),
+                      (unsigned long long)h->aux2);
+            return;
+        }
+        owner_t *o = owner_get(rpc, h->target);
+        if (o == NULL) {
+            tern_error("rpc: out of memory for a fork of RRef %#llx",
+                       (unsigned long long)h->target);
             return;
         }
         if (owner_add_fork(o, h->aux1, src) != TERN_OK)
@@ -1957,9 +2061,14 @@ tern_status_t tern_rpc_call_alloc_tensor(tern_rpc_call_t *c, tern_dtype_t dtype,
         return tern__error(TERN_ERR_OUT_OF_RANGE, "result of %zu bytes", nbytes);
     if ((t.data = alloc64(nbytes)) == NULL)
         return tern__error(TERN_ERR_NO_MEMORY, "cannot allocate a %zu-byte result", nbytes);
-    c->res[c->nres] = t;
-    c->res_bufs[c->nres] = t.data;
-    *out = &c->res[c->nres++];
+    result_t *r = result_add(c);
+    if (r == NULL) {
+        free(t.data);
+        return tern__error(c->nres == MAX_TENSORS ? TERN_ERR_OUT_OF_RANGE : TERN_ERR_NO_MEMORY,
+                           "cannot add result %zu (at most %d)", c->nres, MAX_TENSORS);
+    }
+    r->t = t;
+    *out = &r->t;
     return TERN_OK;
 }
 
@@ -1977,7 +2086,9 @@ tern_status_t tern_rpc_call_return_tensor(tern_rpc_call_t *c, const tern_tensor_
     if ((st = tern_rpc_call_alloc_tensor(c, t->dtype, t->ndim, t->shape, &out)) != TERN_OK)
         return st;
     if (nbytes > 0 && (st = tern_tensor_gather(t, out->data, nbytes)) != TERN_OK) {
-        free(c->res_bufs[--c->nres]);
+        c->nres--;
+        free(c->res[c->nres]->t.data);
+        free(c->res[c->nres]);
         return st;
     }
     return TERN_OK;
@@ -2143,6 +2254,7 @@ tern_status_t tern_rref_local(tern_ctx_t *ctx, const tern_rpc_args_t *value, ter
     o->blob = tmp.blob;
     o->blob_len = tmp.blob_len;
     o->state = O_READY;
+    o->created = true;
     pthread_mutex_unlock(&rpc->comm->lock);
     *rref = r;
     return TERN_OK;
@@ -2375,11 +2487,23 @@ static void rpc_fini(tern__comm_t *comm)
     rpc_free(rpc);
 }
 
-/* Wait (lock NOT held) until this worker has nothing in flight. */
+/* Wait (lock NOT held) until this worker has nothing in flight. It may serve
+ * others for a long time; every TERN_TIMEOUT it says what it waits for. */
 static void wait_quiet(rpc_t *rpc)
 {
     atomic_int never = 0;
+    uint64_t next_note = tern_clock_ns() + (uint64_t)tern__ctx_timeout(rpc->ctx);
     for (;;) {
+        if (tern_clock_ns() > next_note) {
+            pthread_mutex_lock(&rpc->comm->lock);
+            tern_warn("rpc: shutdown still waits: %u calls out, %u handlers, %u deferred, %u "
+                      "pulls, %s, %s",
+                      HASH_COUNT(rpc->inflight), rpc->running, rpc->deferred, rpc->pulling,
+                      rpc->children ? "forks not yet accepted" : "no forks pending",
+                      rpc->held ? "results not yet pulled" : "no results held");
+            pthread_mutex_unlock(&rpc->comm->lock);
+            next_note = tern_clock_ns() + (uint64_t)tern__ctx_timeout(rpc->ctx);
+        }
         pthread_mutex_lock(&rpc->comm->lock);
         bool quiet = rpc->inflight == NULL && rpc->running == 0 && rpc->backlog_head == NULL &&
                      rpc->tasks == 0 && rpc->deferred == 0 && rpc->pulling == 0 &&
@@ -2388,6 +2512,34 @@ static void wait_quiet(rpc_t *rpc)
         if (quiet)
             return;
         tern__comm_wait(rpc->comm, &never, 1000000);
+    }
+}
+
+/*
+ * Meet every worker at round's barrier, for as long as it takes (a worker may
+ * shut down while others still work for minutes, as with rpc.shutdown()), but
+ * not for a worker that is lost.
+ */
+static tern_status_t shutdown_barrier(rpc_t *rpc, tern_store_t *store, unsigned round)
+{
+    char key[96], go[96];
+    int64_t n;
+    tern_status_t st;
+    snprintf(key, sizeof(key), "tern/rpc/shutdown/%u/arrived", round);
+    snprintf(go, sizeof(go), "tern/rpc/shutdown/%u/go", round);
+    if ((st = tern_store_add(store, key, 1, &n)) != TERN_OK)
+        return st;
+    if (n == rpc->world && (st = tern_store_set(store, go, "1", 1)) != TERN_OK)
+        return st;
+    const char *keys[1] = {go};
+    for (;;) {
+        st = tern_store_wait(store, keys, 1, 100 * 1000000ll);
+        if (st != TERN_ERR_TIMEOUT)
+            return st;
+        for (int r = 0; r < rpc->world; r++)
+            if (rpc->comm->peer_failed[r] != TERN_OK)
+                return tern__error(TERN_ERR_PEER_LOST, "rpc shutdown: %s (rank %d) was lost",
+                                   wname(rpc, r), r);
     }
 }
 
@@ -2419,9 +2571,7 @@ tern_status_t tern_rpc_shutdown(tern_ctx_t *ctx, int graceful)
             snprintf(key, sizeof(key), "tern/rpc/shutdown/%u/received", round);
             if ((st = tern_store_add(store, key, h, NULL)) != TERN_OK)
                 break;
-            snprintf(key, sizeof(key), "tern/rpc/shutdown/%u", round);
-            if ((st = tern_store_barrier(store, key, (unsigned)rpc->world,
-                                         tern__ctx_timeout(ctx))) != TERN_OK)
+            if ((st = shutdown_barrier(rpc, store, round)) != TERN_OK)
                 break;
             snprintf(key, sizeof(key), "tern/rpc/shutdown/%u/sent", round);
             if ((st = tern_store_add(store, key, 0, &sent)) != TERN_OK)
@@ -2460,15 +2610,13 @@ tern_status_t tern_rpc_init(tern_ctx_t *ctx, const char *name, const tern_rpc_op
                                                    "context");
     if ((st = tern__rpc_builtins()) != TERN_OK)
         return st;
-    if (name == NULL) {
+    /* A bad name is published all the same, so every rank fails, not only
+     * the one that chose it. */
+    if (name == NULL)
         snprintf(self, sizeof(self), "worker%u", tern_ctx_rank(ctx));
-    } else if (!tern__rpc_name_ok(name, strlen(name), false)) {
-        return tern__error(TERN_ERR_INVALID_PARAM, "tern_rpc_init: bad worker name '%s' (letters, "
-                                                   "digits, '_', '-'; 1 to %d characters)",
-                           name, TERN_RPC_NAME_MAX);
-    } else {
-        snprintf(self, sizeof(self), "%s", name);
-    }
+    else
+        snprintf(self, sizeof(self), "%s",
+                 name[0] && strlen(name) <= TERN_RPC_NAME_MAX ? name : "?");
     const tern__config_t *cfg = tern__ctx_config(ctx);
     uint64_t m = opts != NULL ? opts->field_mask : 0;
     tern_pool_t *pool = tern_ctx_pool(ctx);
@@ -2514,14 +2662,17 @@ tern_status_t tern_rpc_init(tern_ctx_t *ctx, const char *name, const tern_rpc_op
         snprintf(key, sizeof(key), "tern/rpc/name/%d", r);
         if ((st = tern_store_get(store, key, &v, &len, tern__ctx_timeout(ctx))) != TERN_OK)
             goto fail;
-        bool ok = tern__rpc_name_ok(v, len, false);
+        bool ok = tern__rpc_name_ok(v, len, true);
         if (ok)
             memcpy(rpc->names[r], v, len);
+        else
+            st = tern__error(TERN_ERR_INVALID_PARAM, "tern_rpc_init: rank %d chose a bad worker "
+                                                     "name '%.*s' (letters, digits, '_', '-', "
+                                                     "one inner '.'; 1 to %d characters)",
+                             r, (int)(len < 64 ? len : 64), (const char *)v, TERN_RPC_NAME_MAX);
         free(v);
-        if (!ok) {
-            st = tern__error(TERN_ERR_PROTOCOL, "tern_rpc_init: rank %d published a bad name", r);
+        if (!ok)
             goto fail;
-        }
     }
     for (int r = 0; r < rpc->world; r++)
         for (int q = 0; q < r; q++)

@@ -68,10 +68,11 @@ typedef struct tern_rpc_options {
 
 /*
  * Make this rank a worker named name (NULL: "worker<rank>"; letters, digits,
- * '_', '-', '.', at most TERN_RPC_NAME_MAX). Collective over the context's
- * world: returns once every rank has a name, and fails on every rank with
- * TERN_ERR_MISMATCH if two chose the same one, or TERN_ERR_INVALID_PARAM for a
- * bad name or option. Register functions and classes before.
+ * '_', '-' and at most one '.' inside, at most TERN_RPC_NAME_MAX). Collective
+ * over the context's world: returns once every rank has a name, and fails on
+ * every rank with TERN_ERR_MISMATCH if two chose the same one, or
+ * TERN_ERR_INVALID_PARAM if one chose a bad one. A bad option fails at once,
+ * on that rank only. Register functions and classes before.
  */
 TERN_API tern_status_t tern_rpc_init(tern_ctx_t *ctx, const char *name,
                                      const tern_rpc_options_t *options);
@@ -108,7 +109,8 @@ typedef struct tern_rpc_args {
 } tern_rpc_args_t;
 
 /* A value received: a call's arguments (in a handler) or its result (in a
- * future). Contiguous tensors whose memory belongs to the call or future. */
+ * future). Contiguous CPU tensors whose memory belongs to the call or future,
+ * each payload aligned to at least 8 bytes (64 when it was pulled). */
 typedef struct tern_rpc_value {
     const tern_tensor_t *tensors;
     size_t ntensors;
@@ -222,7 +224,8 @@ TERN_API tern_rref_t *tern_rpc_call_rref(const tern_rpc_call_t *call, size_t i);
 /*
  * Results. alloc_tensor appends a contiguous CPU result tensor whose memory
  * the call owns and sends as it is (write the result straight into it: no
- * copy). return_tensor appends a copy of t. return_blob sets the blob (a copy).
+ * copy); its payload is 64-byte aligned, shape may be NULL when ndim is 0.
+ * return_tensor appends a copy of t. return_blob sets the blob (a copy).
  * Errors: TERN_ERR_INVALID_PARAM, TERN_ERR_NO_MEMORY, TERN_ERR_OUT_OF_RANGE (over
  * 64 tensors).
  */
@@ -273,7 +276,9 @@ TERN_API tern_status_t tern_rref_to_here(tern_rref_t *rref, int64_t timeout_ns,
                                          tern_future_t **value);
 
 /*
- * Call method on the RRef's owner, as RRef.rpc_sync()/rpc_async()/remote():
+ * Call method on the RRef's owner, as RRef.rpc_sync()/rpc_async()/remote().
+ * A call that reaches the owner before the object exists waits there for it
+ * (so one on an RRef already released waits for its timeout):
  * for an object of class C, the function "C.method" runs with the object as
  * tern_rpc_call_self(); for a value, the function "method" runs with the
  * value's tensors before args' own (so rpc_sync(x_rref, "add", y) is x + y).
@@ -296,7 +301,7 @@ TERN_API int tern_rref_is_owner(const tern_rref_t *rref);
 TERN_API tern_status_t tern_rref_dup(tern_rref_t *rref, tern_rref_t **out);
 
 /* Drop a handle. When no worker holds one any more the owner frees the object.
- * NULL is a no-op. */
+ * NULL is a no-op. Release handles (and free futures) before tern_finalize. */
 TERN_API void tern_rref_release(tern_rref_t *rref);
 
 /* Objects and values this worker owns for RRefs still alive somewhere. */

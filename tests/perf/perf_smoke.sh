@@ -2,8 +2,8 @@
 # tern-perf runs every test for a few iterations and its output parses: the
 # CSV header is exactly the documented one, each row has every column, the
 # columns that apply hold positive numbers and the others are empty; the
-# collectives also verify their results (--check). No speed is asserted here
-# (benchmarks live in perf/).
+# collectives also verify their results (--check); rpc checks its echo. No
+# speed is asserted here (benchmarks live in perf/).
 #   perf_smoke.sh TERN_RUN TERN_PERF
 set -euo pipefail
 RUN=$1 PERF=$2
@@ -40,6 +40,34 @@ grep -q "host memory only" <<<"$err" || fail "--mem cuda message: $err"
 "$PERF" lat --sizes 8,abc >/dev/null 2>&1 && fail "bad size accepted"
 err=$(TERN_RANK=0 TERN_WORLD_SIZE=1 "$PERF" lat 2>&1) && fail "one rank accepted"
 grep -q "needs 2 or more ranks" <<<"$err" || fail "one-rank message: $err"
+
+# rpc: one rpc_lat row per size (round trips; bw both ways, none at size 0;
+# sizes above the eager limit go by pull), then one rpc_rate row (size 0,
+# calls/s). A third rank only serves.
+out=$("$RUN" -n 2 --no-prefix "$PERF" rpc --sizes 0,8,20k,1M --iters 5 --warmup 1 --window 4 --format csv) \
+    || fail "rpc: tern-perf exited with $?"
+[ "$(printf '%s\n' "$out" | head -n1)" = "$HEADER" ] || fail "rpc: header is '$(printf '%s\n' "$out" | head -n1)'"
+printf '%s\n' "$out" | tail -n +2 | awk -F, '
+    function num(x) { return x ~ /^[0-9]+(\.[0-9]+)?$/ }
+    BEGIN { split("0,8,20480,1048576", want, ",") }
+    { row++ }
+    NF != 12 { print "row has " NF " fields: " $0; bad = 1; next }
+    $2 != "tcp" || $3 != "host" || $4 != 2 || $6 != 5 || $11 != "" { print "bad identity/iters: " $0; bad = 1 }
+    row <= 4 && ($1 != "rpc_lat" || $5 != want[row] || !num($7) || !num($8) || !num($9) || $8 <= 0 || $12 != "") { print "bad rpc_lat row: " $0; bad = 1 }
+    row <= 4 && $5 == 0 && $10 != "" { print "rpc_lat at size 0 has a bandwidth: " $0; bad = 1 }
+    row <= 4 && $5 > 0 && !num($10) { print "rpc_lat without a bandwidth: " $0; bad = 1 }
+    row == 5 && ($1 != "rpc_rate" || $5 != 0 || $7 != "" || $10 != "" || !num($12) || $12 <= 0) { print "bad rpc_rate row: " $0; bad = 1 }
+    END { if (row != 5) { print "expected 5 rows, got " row; bad = 1 } exit bad }' || fail "rpc: malformed CSV: $out"
+out=$("$RUN" -n 3 --no-prefix "$PERF" rpc --iters 3 --window 2 --format csv) || fail "rpc at 3 ranks: tern-perf exited with $?"
+printf '%s\n' "$out" | tail -n +2 | awk -F, '$4 != 3 { bad = 1 } END { exit bad || NR != 2 }' ||
+    fail "rpc at 3 ranks: expected a row of size 8 and a rate row: $out"
+json=$("$RUN" -n 2 --no-prefix "$PERF" rpc --iters 3 --window 2 --format json)
+[[ $json == '{"test":"rpc","transport":"'*'"window":2,"results":[{"test":"rpc_lat","size":8,"iters":3,"lat_us_p50":'*'"bw_GBps":'*'},{"test":"rpc_rate","size":0,"iters":3,"msg_rate":'*'}]}' ]] || fail "rpc json: $json"
+table=$("$RUN" -n 2 --no-prefix "$PERF" rpc --iters 3 --window 2)
+grep -q "^# tern-perf rpc: transport tcp on .*, 2 ranks, window 2" <<<"$table" || fail "rpc table header: $table"
+grep -q "^rpc_rate " <<<"$table" || fail "rpc table rows: $table"
+err=$(TERN_RANK=0 TERN_WORLD_SIZE=1 "$PERF" rpc 2>&1) && fail "rpc at one rank accepted"
+grep -q "needs 2 or more ranks" <<<"$err" || fail "rpc one-rank message: $err"
 
 # Collectives: each test at 1, 3 and 4 ranks, its results checked against the
 # reference (--check), and its CSV as nccl-tests defines the columns: sizes
@@ -106,4 +134,4 @@ grep -q "collective tests only" <<<"$err" || fail "--dtype for lat message: $err
 "$PERF" allreduce --op nosuchop >/dev/null 2>&1 && fail "unknown op accepted"
 err=$("$RUN" -n 2 --no-prefix "$PERF" gather --root 2 2>&1) && fail "root outside the ranks accepted"
 grep -q "not a rank" <<<"$err" || fail "bad root message: $err"
-echo "PASS: tern-perf lat, bw, bibw, rate and the collectives run, check and parse"
+echo "PASS: tern-perf lat, bw, bibw, rate, rpc and the collectives run, check and parse"
