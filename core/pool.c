@@ -2,6 +2,8 @@
  * core/topology.c. */
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -9,11 +11,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <tern/clock.h>
+
 #include "core/error.h"
 #include "core/log.h"
 #include "core/topology.h"
 
 #define INITIAL_CAPACITY 64
+#define SPIN_NS (50 * 1000)
 
 typedef struct task {
     tern_task_fn fn;
@@ -42,6 +47,7 @@ struct tern_pool {
     /* Under lock. */
     task_t *ring;
     size_t capacity, head, count;
+    atomic_size_t queued; /* count, for workers that spin without the lock */
     unsigned running;     /* tasks executing now */
     unsigned started;     /* workers that have tried to bind and are serving */
     unsigned bind_failed; /* of those, how many could not bind */
@@ -88,6 +94,7 @@ static void run_front(tern_pool_t *pool)
     task_t t = pool->ring[pool->head];
     pool->head = (pool->head + 1) % pool->capacity;
     pool->count--;
+    atomic_store_explicit(&pool->queued, pool->count, memory_order_relaxed);
     pool->running++;
     pthread_mutex_unlock(&pool->lock);
 
@@ -98,6 +105,24 @@ static void run_front(tern_pool_t *pool)
     /* The last task of a drain wakes the idle workers so they can exit. */
     if (drained(pool))
         pthread_cond_broadcast(&pool->work_cv);
+}
+
+/*
+ * Before it sleeps, an idle worker watches the queue for SPIN_NS (lock
+ * dropped, yielding the core to anyone else who wants it): a task that
+ * follows the last one within that time (the next RPC of a caller in a loop)
+ * starts without the 5-20 us of a futex wake-up.
+ */
+static void spin(tern_pool_t *pool)
+{
+    pthread_mutex_unlock(&pool->lock);
+    uint64_t end = tern_clock_ns() + SPIN_NS;
+    for (unsigned i = 1; atomic_load_explicit(&pool->queued, memory_order_relaxed) == 0; i++) {
+        if (i % 16 == 0 && tern_clock_ns() > end)
+            break;
+        sched_yield();
+    }
+    pthread_mutex_lock(&pool->lock);
 }
 
 /*
@@ -133,6 +158,8 @@ static void *worker_main(void *arg)
     pool->bind_failed += bind_failed ? 1 : 0;
     pthread_cond_broadcast(&pool->started_cv);
     for (;;) {
+        if (pool->count == 0 && !drained(pool))
+            spin(pool);
         while (pool->count == 0 && !drained(pool))
             pthread_cond_wait(&pool->work_cv, &pool->lock);
         if (pool->count == 0)
@@ -303,6 +330,7 @@ tern_status_t tern_pool_submit(tern_pool_t *pool, tern_task_fn fn, void *arg)
     if (st == TERN_OK) {
         pool->ring[(pool->head + pool->count) % pool->capacity] = (task_t){fn, arg};
         pool->count++;
+        atomic_store_explicit(&pool->queued, pool->count, memory_order_relaxed);
         pthread_cond_signal(&pool->work_cv);
     }
     pthread_mutex_unlock(&pool->lock);

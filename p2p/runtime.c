@@ -34,6 +34,9 @@
  * in a loop of blocking calls the next wait starts within microseconds, and
  * waking the progress thread in between costs a core. */
 #define NAP_NS (1000 * 1000)
+/* How long the progress thread keeps polling after its last event before it
+ * sleeps on the transport's fd. */
+#define PROGRESS_SPIN_NS (100 * 1000)
 /* Idle polls between two looks at the clock while waiting: reading it costs
  * 20-40 ns here, more than an idle poll of shared memory. */
 #define POLLS_PER_CLOCK 32
@@ -132,6 +135,7 @@ static void *progress_main(void *arg)
     int fd = tern_transport_fd(comm->tp);
     unsigned seen_waits = atomic_load(&comm->waits);
 
+    uint64_t last_event = 0;
     tern__log_set_rank((int)comm->rank);
     while (!atomic_load(&comm->stop)) {
         pthread_mutex_lock(&comm->lock);
@@ -159,8 +163,15 @@ static void *progress_main(void *arg)
         bool timers = atomic_load_explicit(&comm->rpc_timers, memory_order_relaxed) != 0;
         if (n == 0 && timers && comm->rpc_poll != NULL)
             comm->rpc_poll(comm);
-        if (n > 0)
+        if (n > 0) {
+            last_event = tern_clock_ns();
             continue;
+        }
+        /* Right after traffic, keep polling a while before sleeping: the
+         * next request of a caller in a loop (an RPC server's usual load)
+         * then arrives without a wake-up from the kernel. */
+        if (may_sleep && tern_clock_ns() - last_event < PROGRESS_SPIN_NS)
+            may_sleep = false;
         if (!may_sleep) {
             sched_yield();
             continue;

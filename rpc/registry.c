@@ -16,6 +16,8 @@ static tern__rpc_entry_t **entries;
 static size_t nentries, capacity;
 static pthread_once_t builtins_once = PTHREAD_ONCE_INIT;
 static tern_status_t builtins_status;
+/* Set while the built-ins register themselves (through tern_rpc_register). */
+static _Thread_local bool in_builtins;
 
 bool tern__rpc_name_ok(const char *name, size_t len, bool dotted)
 {
@@ -90,7 +92,9 @@ out:
 
 static void register_builtins(void)
 {
+    in_builtins = true;
     builtins_status = tern__rpc_register_builtins();
+    in_builtins = false;
 }
 
 tern_status_t tern__rpc_builtins(void)
@@ -99,9 +103,12 @@ tern_status_t tern__rpc_builtins(void)
     return builtins_status;
 }
 
+/* The built-ins come first, so a program's function cannot take their names
+ * quietly before tern_rpc_init and then fail it on this rank alone. */
 tern_status_t tern_rpc_register(const char *name, tern_rpc_fn fn)
 {
-    return add(name, fn, NULL, NULL);
+    tern_status_t st = in_builtins ? TERN_OK : tern__rpc_builtins();
+    return st != TERN_OK ? st : add(name, fn, NULL, NULL);
 }
 
 tern_status_t tern_rpc_register_class(const char *name, tern_rpc_ctor ctor, tern_rpc_dtor dtor)
@@ -110,11 +117,13 @@ tern_status_t tern_rpc_register_class(const char *name, tern_rpc_ctor ctor, tern
         return tern__error(TERN_ERR_INVALID_PARAM, "tern_rpc_register_class: '%s' needs a "
                                                    "constructor",
                            name ? name : "(null)");
-    return add(name, NULL, ctor, dtor);
+    tern_status_t st = tern__rpc_builtins();
+    return st != TERN_OK ? st : add(name, NULL, ctor, dtor);
 }
 
 const tern__rpc_entry_t *tern__rpc_lookup(const char *name, size_t len)
 {
+    tern__rpc_builtins();
     pthread_mutex_lock(&reg_lock);
     const tern__rpc_entry_t *e = find_locked(name, len);
     pthread_mutex_unlock(&reg_lock);

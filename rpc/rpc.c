@@ -50,6 +50,7 @@ enum msg_type {
     M_ACCEPT,    /* the owner registered fork aux1, child of the receiver's fork aux3 */
     M_DELETE,    /* a user dropped fork aux1 of RRef target */
     M_RELEASE,   /* the caller has pulled call id's results: free them */
+    M_PULLED,    /* the target has pulled call id's arguments: they are free */
     M_TYPE_MAX
 };
 
@@ -145,11 +146,12 @@ struct tern_future {
     UT_hash_handle hh;
     int target;
     bool windowed, timed, receiving, user_freed;
+    bool late;        /* its deadline passed while the target may still read its arguments */
     uint64_t deadline;
     int64_t timeout_ns;
     char what[2 * TERN_RPC_NAME_MAX + 32]; /* "rpc 'add' to worker1", for errors */
-    tern_mr_t *arg_mrs[MAX_TENSORS];
-    void *arg_tmp[MAX_TENSORS];   /* strided arguments gathered for the pull */
+    tern_mr_t **arg_mrs;          /* [narg_mrs] registered arguments, until completion */
+    void **arg_tmp;               /* strided arguments gathered for the pull */
     size_t narg_mrs;
     struct {
         tern_future_cb cb;
@@ -532,6 +534,8 @@ static void future_unref(tern_future_t *f)
         free(f->bufs[i]);
     free(f->bufs);
     free(f->mrs);
+    free(f->arg_mrs);
+    free(f->arg_tmp);
     free(f->tensors);
     free(f->msg);
     free(f->error);
@@ -550,6 +554,16 @@ static void run_callbacks(void *arg)
     future_unref(f);
 }
 
+/* The target has the arguments (or cannot read them any more): let them go. */
+static void future_free_args(tern_future_t *f)
+{
+    for (size_t i = 0; i < f->narg_mrs; i++) {
+        tern_mr_dereg(f->arg_mrs[i]);
+        free(f->arg_tmp[i]);
+    }
+    f->narg_mrs = 0;
+}
+
 /* Finish f (lock held): out of the table, arguments released, callbacks queued. */
 static void future_complete(rpc_t *rpc, tern_future_t *f, tern_status_t st, char *error)
 {
@@ -560,11 +574,7 @@ static void future_complete(rpc_t *rpc, tern_future_t *f, tern_status_t st, char
         rpc->timers--;
         atomic_fetch_sub(&rpc->comm->rpc_timers, 1);
     }
-    for (size_t i = 0; i < f->narg_mrs; i++) {
-        tern_mr_dereg(f->arg_mrs[i]);
-        free(f->arg_tmp[i]);
-    }
-    f->narg_mrs = 0;
+    future_free_args(f);
     f->status = st;
     f->error = error;
     if (st != TERN_OK && f->error == NULL)
@@ -583,6 +593,13 @@ static void future_complete(rpc_t *rpc, tern_future_t *f, tern_status_t st, char
                    tern_last_error());
     }
     future_unref(f);
+}
+
+static void future_time_out(rpc_t *rpc, tern_future_t *f)
+{
+    future_complete(rpc, f, TERN_ERR_TIMEOUT,
+                    dup_printf("%s timed out after %lld ms", f->what,
+                               (long long)(f->timeout_ns / 1000000)));
 }
 
 /* ---- encoding values ---- */
@@ -981,6 +998,9 @@ static void call_ready(rpc_t *rpc, call_t *c)
 static void call_pulled(rpc_t *rpc, call_t *c)
 {
     rpc->pulling--;
+    /* The caller may let its arguments go now (and fail a late call). */
+    hdr_t h = {.type = M_PULLED, .call_id = c->call_id};
+    send_ctl(rpc, c->caller, &h);
     if (c->get_status != TERN_OK) {
         if (c->error == NULL)
             c->error = dup_printf("pulling the arguments from %s: %s", wname(rpc, c->caller),
@@ -1145,13 +1165,19 @@ static void handle_request(rpc_t *rpc, int src, const hdr_t *h, const uint8_t *d
         }
         c->nrrefs++;
     }
-    if ((c->msg = malloc(len)) == NULL) {
+    /* Inline payloads and the blob stay in a copy of the message. */
+    bool keep = h->ntensors > 0 || h->blob_len > 0;
+    if (keep && (c->msg = malloc(len)) == NULL) {
         st = TERN_ERR_NO_MEMORY;
         snprintf(why, sizeof(why), "out of memory");
         goto fail;
     }
-    memcpy(c->msg, data, len);
-    const uint8_t *q = (const uint8_t *)c->msg + (p - data), *qend = (const uint8_t *)c->msg + len;
+    if (keep)
+        memcpy(c->msg, data, len);
+    else
+        c->msg = NULL;
+    const uint8_t *base = keep ? c->msg : data;
+    const uint8_t *q = base + (p - data), *qend = base + len;
     if (h->ntensors > 0 && (tin = calloc(h->ntensors, sizeof(*tin))) == NULL) {
         st = TERN_ERR_NO_MEMORY;
         snprintf(why, sizeof(why), "out of memory");
@@ -1347,27 +1373,65 @@ static void reply(rpc_t *rpc, call_t *c, tern_status_t st)
         call_free(rpc, c);
 }
 
-static void run_call(void *arg)
+/* The worker whose handler this thread is running, if any. */
+static _Thread_local rpc_t *tl_handler;
+
+/* Start queued calls while there is room (lock held). */
+static void backlog_drain(rpc_t *rpc)
 {
-    call_t *c = arg;
-    rpc_t *rpc = c->rpc;
-    tern_status_t st;
-    if (c->entry->ctor != NULL)
-        st = c->entry->ctor(c, &c->made->obj);
-    else
-        st = c->entry->fn(c);
-    if (st != TERN_OK && c->error == NULL && !c->deferred)
-        c->error = strdup(tern_last_error());
-    pthread_mutex_lock(&rpc->comm->lock);
-    rpc->running--;
-    rpc->tasks--;
-    if (rpc->backlog_head != NULL && rpc->running < rpc->threads) {
+    while (rpc->backlog_head != NULL && rpc->running < rpc->threads) {
         call_t *n = rpc->backlog_head;
         rpc->backlog_head = n->next;
         if (rpc->backlog_head == NULL)
             rpc->backlog_tail = NULL;
         dispatch(rpc, n);
     }
+}
+
+/*
+ * A handler about to block (on a nested call, or for window room) stops
+ * counting against `threads` while it waits, so the calls queued behind it
+ * reach the pool, where its own wait runs them (tern__comm_wait): a handler
+ * that waits for its own worker does not deadlock it. Returns whether it did.
+ */
+static bool handler_block(rpc_t *rpc)
+{
+    if (tl_handler != rpc)
+        return false;
+    pthread_mutex_lock(&rpc->comm->lock);
+    rpc->running--;
+    backlog_drain(rpc);
+    pthread_mutex_unlock(&rpc->comm->lock);
+    return true;
+}
+
+static void handler_unblock(rpc_t *rpc, bool blocked)
+{
+    if (!blocked)
+        return;
+    pthread_mutex_lock(&rpc->comm->lock);
+    rpc->running++;
+    pthread_mutex_unlock(&rpc->comm->lock);
+}
+
+static void run_call(void *arg)
+{
+    call_t *c = arg;
+    rpc_t *rpc = c->rpc;
+    tern_status_t st;
+    rpc_t *outer = tl_handler; /* a wait may run another handler inside this one */
+    tl_handler = rpc;
+    if (c->entry->ctor != NULL)
+        st = c->entry->ctor(c, &c->made->obj);
+    else
+        st = c->entry->fn(c);
+    tl_handler = outer;
+    if (st != TERN_OK && c->error == NULL && !c->deferred)
+        c->error = strdup(tern_last_error());
+    pthread_mutex_lock(&rpc->comm->lock);
+    rpc->running--;
+    rpc->tasks--;
+    backlog_drain(rpc);
     c->in_handler = false;
     if (c->deferred && c->complete_early)
         reply(rpc, c, c->early_status);
@@ -1395,6 +1459,10 @@ static void handle_reply(rpc_t *rpc, int src, const hdr_t *h, const uint8_t *dat
 {
     tern_future_t *f = NULL;
     HASH_FIND(hh, rpc->inflight, &h->call_id, sizeof(h->call_id), f);
+    if (f != NULL && f->target == src && f->late) {
+        future_time_out(rpc, f); /* its deadline passed: the reply is dropped */
+        f = NULL;
+    }
     if (f == NULL || f->target != src || f->receiving) {
         /* A late reply (the call timed out): its pulled results must still
          * be released. */
@@ -1418,6 +1486,10 @@ static void handle_reply(rpc_t *rpc, int src, const hdr_t *h, const uint8_t *dat
     }
     p += pad8(h->text_len);
     tin_t tin[MAX_TENSORS];
+    if (h->ntensors == 0 && h->blob_len == 0) {
+        future_complete(rpc, f, TERN_OK, NULL); /* nothing to keep */
+        return;
+    }
     if ((f->msg = malloc(len)) == NULL) {
         future_complete(rpc, f, TERN_ERR_NO_MEMORY, NULL);
         return;
@@ -1504,6 +1576,16 @@ static void handle_ctl(rpc_t *rpc, int src, const hdr_t *h)
             owner_drop_fork(rpc, o, h->aux1);
         return;
     }
+    case M_PULLED: {
+        tern_future_t *f = NULL;
+        HASH_FIND(hh, rpc->inflight, &h->call_id, sizeof(h->call_id), f);
+        if (f == NULL || f->target != src)
+            return;
+        future_free_args(f);
+        if (f->late)
+            future_time_out(rpc, f);
+        return;
+    }
     case M_RELEASE:
         for (call_t **pp = &rpc->held; *pp != NULL; pp = &(*pp)->next)
             if ((*pp)->caller == src && (*pp)->call_id == h->call_id) {
@@ -1566,15 +1648,20 @@ static tern_status_t window_wait(rpc_t *rpc, int dst)
 {
     tern__comm_t *comm = rpc->comm;
     atomic_int never = 0;
+    bool blocked = false;
     for (;;) {
         pthread_mutex_lock(&comm->lock);
         bool fits = rpc->window_used[dst] < rpc->window || rpc->closed ||
                     comm->peer_failed[dst] != TERN_OK;
         pthread_mutex_unlock(&comm->lock);
         if (fits)
-            return TERN_OK;
+            break;
+        if (!blocked)
+            blocked = handler_block(rpc);
         tern__comm_wait(comm, &never, 0);
     }
+    handler_unblock(rpc, blocked);
+    return TERN_OK;
 }
 
 /* Encode and send one request (lock held); f, its future, goes in the table. */
@@ -1671,6 +1758,15 @@ static tern_status_t send_request(rpc_t *rpc, int dst, const hdr_t *h0, const ch
     p = put_tensors(p, plan, args->ntensors);
     if (args->blob_len)
         memcpy(p, args->blob, args->blob_len);
+    size_t nrndv = 0;
+    for (size_t i = 0; i < args->ntensors; i++)
+        nrndv += plan[i].rndv;
+    if (nrndv > 0 && ((f->arg_mrs = calloc(nrndv, sizeof(*f->arg_mrs))) == NULL ||
+                      (f->arg_tmp = calloc(nrndv, sizeof(*f->arg_tmp))) == NULL)) {
+        free(buf);
+        st = tern__error(TERN_ERR_NO_MEMORY, "rpc: out of memory");
+        goto undo;
+    }
     /* Children are listed before the send: to this worker itself the
      * acceptance comes back inside it. */
     for (size_t i = 0; i < nr; i++)
@@ -1788,6 +1884,8 @@ static tern_status_t call_out(rpc_t *rpc, int dst, uint8_t type, uint64_t target
 out:
     pthread_mutex_unlock(&comm->lock);
     if (st != TERN_OK) {
+        free(f->arg_mrs);
+        free(f->arg_tmp);
         free(f);
         return st;
     }
@@ -1849,10 +1947,14 @@ tern_status_t tern_future_wait(tern_future_t *f, int64_t timeout_ns)
 {
     if (f == NULL)
         return tern__error(TERN_ERR_INVALID_PARAM, "tern_future_wait: NULL future");
-    if (!atomic_load_explicit(&f->done, memory_order_acquire) &&
-        !tern__comm_wait(f->rpc->comm, &f->done, timeout_ns))
-        return tern__error(TERN_ERR_TIMEOUT, "%s: still pending after %lld ms", f->what,
-                           (long long)(timeout_ns / 1000000));
+    if (!atomic_load_explicit(&f->done, memory_order_acquire)) {
+        bool blocked = handler_block(f->rpc);
+        bool done = tern__comm_wait(f->rpc->comm, &f->done, timeout_ns);
+        handler_unblock(f->rpc, blocked);
+        if (!done)
+            return tern__error(TERN_ERR_TIMEOUT, "%s: still pending after %lld ms", f->what,
+                               (long long)(timeout_ns / 1000000));
+    }
     if (f->status != TERN_OK)
         return tern__error(f->status, "%s", f->error ? f->error : tern_strerror(f->status));
     return TERN_OK;
@@ -1948,18 +2050,27 @@ void tern_future_free(tern_future_t *f)
 
 static void rpc_poll(tern__comm_t *comm)
 {
+    if (pthread_mutex_trylock(&comm->lock) != 0)
+        return;
     rpc_t *rpc = comm->rpc_state;
     uint64_t now = tern_clock_ns();
-    if (rpc == NULL || now < rpc->next_check || pthread_mutex_trylock(&comm->lock) != 0)
+    if (rpc == NULL || now < rpc->next_check) {
+        pthread_mutex_unlock(&comm->lock);
         return;
+    }
     rpc->next_check = now + 1000000; /* a scan per millisecond at most */
     tern_future_t *f, *tmp;
     HASH_ITER(hh, rpc->inflight, f, tmp)
     {
-        if (f->timed && !f->receiving && now >= f->deadline)
-            future_complete(rpc, f, TERN_ERR_TIMEOUT,
-                            dup_printf("%s timed out after %lld ms", f->what,
-                                       (long long)(f->timeout_ns / 1000000)));
+        if (!f->timed || f->receiving || f->late || now < f->deadline)
+            continue;
+        /* Arguments the target may be reading must outlive its read (as any
+         * RDMA buffer must): such a call fails once the target says it has
+         * them (M_PULLED), replies, or is lost, whichever comes first. */
+        if (f->narg_mrs > 0)
+            f->late = true;
+        else
+            future_time_out(rpc, f);
     }
     pthread_mutex_unlock(&comm->lock);
 }
