@@ -31,13 +31,13 @@ static unsigned warmup_of(const tern_bench_opts_t *o, unsigned iters)
     return o->warmup ? o->warmup : (iters / 10 > 2 ? iters / 10 : 2);
 }
 
-/* The echo: a copy of every argument tensor back (the arguments belong to the
- * call, so a result cannot be one of them). */
+/* The echo: every argument tensor back, a pulled one without a copy
+ * (tern_rpc_call_return_arg), as an application passing tensors on would. */
 static tern_status_t echo(tern_rpc_call_t *call)
 {
     const tern_rpc_value_t *a = tern_rpc_call_args(call);
     for (size_t i = 0; i < a->ntensors; i++) {
-        tern_status_t st = tern_rpc_call_return_tensor(call, &a->tensors[i]);
+        tern_status_t st = tern_rpc_call_return_arg(call, i);
         if (st != TERN_OK)
             return st;
     }

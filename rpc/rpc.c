@@ -2205,6 +2205,27 @@ tern_status_t tern_rpc_call_return_tensor(tern_rpc_call_t *c, const tern_tensor_
     return TERN_OK;
 }
 
+tern_status_t tern_rpc_call_return_arg(tern_rpc_call_t *c, size_t i)
+{
+    if (c == NULL || i >= c->value.ntensors)
+        return tern__error(TERN_ERR_INVALID_PARAM, "tern_rpc_call_return_arg: no argument %zu", i);
+    const tern_tensor_t *t = &c->value.tensors[i];
+    for (size_t j = 0; j < c->nbufs; j++) {
+        if (c->bufs[j] == NULL || c->bufs[j] != t->data)
+            continue;
+        /* pulled into a buffer of the call's own: hand that over */
+        result_t *r = result_add(c);
+        if (r == NULL)
+            return tern__error(TERN_ERR_NO_MEMORY, "cannot add a result");
+        r->t = *t;
+        tern_mr_dereg(c->mrs[j]);
+        c->mrs[j] = NULL;
+        c->bufs[j] = NULL;
+        return TERN_OK;
+    }
+    return tern_rpc_call_return_tensor(c, t); /* inline, or a value's: a copy */
+}
+
 tern_status_t tern_rpc_call_return_blob(tern_rpc_call_t *c, const void *blob, size_t len)
 {
     if (c == NULL || (blob == NULL && len > 0))

@@ -235,6 +235,10 @@ TERN_API tern_status_t tern_rpc_call_alloc_tensor(tern_rpc_call_t *call, tern_dt
 TERN_API tern_status_t tern_rpc_call_return_tensor(tern_rpc_call_t *call, const tern_tensor_t *t);
 TERN_API tern_status_t tern_rpc_call_return_blob(tern_rpc_call_t *call, const void *blob,
                                                  size_t len);
+/* Append argument tensor i as a result: without a copy when it was pulled
+ * (over the eager limit; the argument stays readable until the call ends),
+ * else as return_tensor. An echo of large tensors moves no byte twice. */
+TERN_API tern_status_t tern_rpc_call_return_arg(tern_rpc_call_t *call, size_t i);
 
 /* Record the error message the caller will see and return status, so a
  * handler ends with: return tern_rpc_call_fail(call, TERN_ERR_..., "..."). */
