@@ -34,62 +34,7 @@
 #include <tern/rpc.h>
 
 #include "rpc/builtins.h"
-
-/* ---- f16 and bf16 <-> f32 (the same bits as tensor/reduce.c's) ---- */
-
-static inline float f32_from_bits(uint32_t u)
-{
-    float f;
-    memcpy(&f, &u, sizeof(f));
-    return f;
-}
-
-static inline uint32_t f32_bits(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, sizeof(u));
-    return u;
-}
-
-/* Exact: a normal half is shifted into place and rebiased by a multiply; a
- * subnormal one is built as 0.5 + m * 2^-24, then 0.5 is taken off. */
-static inline float f16_to_f32(uint16_t h)
-{
-    uint32_t w = (uint32_t)h << 16, two_w = w + w;
-    float normal = f32_from_bits((two_w >> 4) + (0xe0u << 23)) * 0x1.0p-112f;
-    float subnormal = f32_from_bits((two_w >> 17) | (126u << 23)) - 0.5f;
-    return f32_from_bits((w & 0x80000000u) |
-                         (two_w < (1u << 27) ? f32_bits(subnormal) : f32_bits(normal)));
-}
-
-/* Round to nearest even, overflow to inf, as vcvtps2ph: adding a power of two
- * picked from f's exponent makes the FPU drop exactly the bits a half cannot
- * hold. NaN: quiet bit set, payload truncated. */
-static inline uint16_t f32_to_f16(float f)
-{
-    uint32_t w = f32_bits(f), shl1_w = w + w, bias = shl1_w & 0xff000000u;
-    float base = (f32_from_bits(w & 0x7fffffffu) * 0x1.0p+112f) * 0x1.0p-110f;
-    bias = bias < 0x71000000u ? 0x71000000u : bias;
-    base = f32_from_bits((bias >> 1) + 0x07800000u) + base;
-    uint32_t bits = f32_bits(base);
-    uint32_t nonsign = ((bits >> 13) & 0x7c00u) + (bits & 0x0fffu);
-    uint32_t nan = 0x7e00u | ((w >> 13) & 0x03ffu);
-    return (uint16_t)(((w & 0x80000000u) >> 16) | (shl1_w > 0xff000000u ? nan : nonsign));
-}
-
-static inline float bf16_to_f32(uint16_t h)
-{
-    return f32_from_bits((uint32_t)h << 16);
-}
-
-/* Round to nearest even by adding 0x7fff plus the lowest kept bit; a NaN is
- * truncated with the quiet bit set instead (the carry could reach the sign). */
-static inline uint16_t f32_to_bf16(float f)
-{
-    uint32_t u = f32_bits(f);
-    uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-    return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x0040u : rounded);
-}
+#include "tensor/half.h"
 
 #define SAME(v) (v)
 
