@@ -117,7 +117,6 @@ struct tern_rref {
     atomic_int refs;
     int children;     /* forks passed on, not yet accepted by the owner (under lock) */
     bool dropped;     /* refs reached 0 while children were pending */
-    tern_rref_t *next_parent; /* in rpc->parents while children > 0 */
 };
 
 /* A fork this worker passed on, until the owner accepts it. */
@@ -145,7 +144,7 @@ struct tern_future {
     uint64_t call_id;
     UT_hash_handle hh;
     int target;
-    bool windowed, timed, receiving, user_freed;
+    bool timed, receiving;
     bool late;        /* its deadline passed while the target may still read its arguments */
     uint64_t deadline;
     int64_t timeout_ns;
@@ -217,7 +216,6 @@ struct rpc {
     unsigned pulling;          /* calls and futures with pulls in flight */
     /* RRefs */
     owner_t *owned;
-    tern_rref_t *parents;
     child_t *children;
     uint64_t next_id;
     /* graceful shutdown: messages sent and received */
@@ -513,14 +511,7 @@ static void child_accepted(rpc_t *rpc, child_t *c)
 {
     tern_rref_t *r = c->parent;
     free(c);
-    if (--r->children > 0)
-        return;
-    for (tern_rref_t **pp = &rpc->parents; *pp != NULL; pp = &(*pp)->next_parent)
-        if (*pp == r) {
-            *pp = r->next_parent;
-            break;
-        }
-    if (r->dropped)
+    if (--r->children == 0 && r->dropped)
         rref_finish(rpc, r);
 }
 
@@ -568,8 +559,7 @@ static void future_free_args(tern_future_t *f)
 static void future_complete(rpc_t *rpc, tern_future_t *f, tern_status_t st, char *error)
 {
     HASH_DEL(rpc->inflight, f);
-    if (f->windowed)
-        rpc->window_used[f->target]--;
+    rpc->window_used[f->target]--; /* every call out holds a window place */
     if (f->timed) {
         rpc->timers--;
         atomic_fetch_sub(&rpc->comm->rpc_timers, 1);
@@ -631,9 +621,9 @@ static tern_status_t plan_tensors(rpc_t *rpc, int dst, const tern_tensor_t *ts, 
         if (ts[i].device.type != TERN_DEVICE_CPU)
             return tern__error(TERN_ERR_UNSUPPORTED, "tensor %zu is not on the CPU", i);
         if ((st = tern_tensor_validate(&ts[i])) != TERN_OK ||
-            (st = tern_tensor_nbytes(&ts[i], &p->nbytes)) != TERN_OK ||
-            (st = tern_tensor_encode_desc(&ts[i], NULL, 0, &p->desc_len)) != TERN_ERR_TRUNCATED)
-            return st != TERN_OK ? st : tern__error(TERN_ERR_INTERNAL, "descriptor size");
+            (st = tern_tensor_nbytes(&ts[i], &p->nbytes)) != TERN_OK)
+            return st;
+        p->desc_len = tern_tensor_wire_desc_size(ts[i].ndim);
         *size += TENSOR_HDR + pad8(p->desc_len);
         bool small = p->nbytes <= rpc->eager_limit && *size + pad8(p->nbytes) <= rpc->max_send;
         if (small || dst == rpc->rank) {
@@ -1264,12 +1254,10 @@ static void reply(rpc_t *rpc, call_t *c, tern_status_t st)
                 st = TERN_ERR_NO_MEMORY;
             } else {
                 for (size_t i = 0; i < c->nres; i++) {
+                    /* a handler's results: never borrowed (only to_here borrows) */
                     o->tensors[i] = c->res[i]->t;
                     o->bufs[i] = c->res[i]->t.data;
-                    if (!c->res[i]->borrowed) /* a to_here-style view stays the other's */
-                        c->res[i]->t.data = NULL;
-                    else
-                        o->bufs[i] = NULL;
+                    c->res[i]->t.data = NULL;
                 }
                 o->ntensors = o->nbufs = c->nres;
                 results_clear(c);
@@ -1773,11 +1761,7 @@ static tern_status_t send_request(rpc_t *rpc, int dst, const hdr_t *h0, const ch
         if (kids[i] != NULL) {
             kids[i]->next = rpc->children;
             rpc->children = kids[i];
-            tern_rref_t *r = kids[i]->parent;
-            if (r->children++ == 0) {
-                r->next_parent = rpc->parents;
-                rpc->parents = r;
-            }
+            kids[i]->parent->children++;
         }
     for (size_t i = 0; i < args->ntensors; i++)
         if (plan[i].rndv) {
@@ -1862,7 +1846,6 @@ static tern_status_t call_out(rpc_t *rpc, int dst, uint8_t type, uint64_t target
         goto out;
     }
     f->call_id = ++rpc->next_call;
-    f->windowed = true;
     rpc->window_used[dst]++;
     if (timeout_ns > 0) {
         f->timed = true;
