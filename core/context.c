@@ -347,6 +347,14 @@ tern_pool_t *tern_ctx_pool(tern_ctx_t *ctx)
     return ctx->pool;
 }
 
+tern_store_server_t *tern__ctx_take_store_server(tern_ctx_t *ctx, int *fd_out)
+{
+    if (ctx->server == NULL || tern__store_server_adopt(ctx->server, fd_out) != TERN_OK)
+        return NULL;
+    tern__store_assist(ctx->store, ctx->server);
+    return ctx->server;
+}
+
 tern_store_t *tern_ctx_store(tern_ctx_t *ctx)
 {
     return ctx->store;

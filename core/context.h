@@ -12,6 +12,7 @@
 #include <tern/context.h>
 
 #include "core/config.h"
+#include "core/store.h"
 
 /*
  * Configuration, rank and world size, the store (rank 0 serves it), local
@@ -29,6 +30,14 @@ tern_status_t tern__ctx_teardown(tern_ctx_t *ctx, bool collective);
 
 const tern__config_t *tern__ctx_config(const tern_ctx_t *ctx);
 int64_t tern__ctx_timeout(const tern_ctx_t *ctx);
+
+/*
+ * Rank 0: end the store server's own thread and return the server, which the
+ * caller's loop serves from then on (tern__store_server_serve when *fd_out is
+ * readable, and at least every 100 ms); the context's own store calls serve it
+ * too while they wait. NULL where this rank serves no store.
+ */
+tern_store_server_t *tern__ctx_take_store_server(tern_ctx_t *ctx, int *fd_out);
 
 /* One slot for the communication layer's per-context state. */
 void tern__ctx_set_comm(tern_ctx_t *ctx, void *comm);

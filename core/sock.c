@@ -187,22 +187,33 @@ tern_status_t tern__sock_connect(const char *host, unsigned port, uint64_t deadl
 }
 
 /* Wait until fd is ready for events or the deadline passes. */
-static tern_status_t wait_fd(int fd, short events, uint64_t deadline, const char *what)
+static tern_status_t wait_fd(int fd, short events, uint64_t deadline,
+                             const tern__sock_assist_t *assist, const char *what)
 {
-    struct pollfd p = {.fd = fd, .events = events};
+    struct pollfd p[2] = {{.fd = fd, .events = events}};
+    nfds_t n = 1;
+    if (assist != NULL) {
+        p[1] = (struct pollfd){.fd = assist->fd, .events = POLLIN};
+        n = 2;
+    }
     for (;;) {
         int ms = poll_ms(deadline);
         if (ms == 0)
             return tern__error(TERN_ERR_TIMEOUT, "store: %s timed out", what);
-        int rc = poll(&p, 1, ms);
-        if (rc > 0)
-            return TERN_OK;
+        if (assist != NULL && (ms < 0 || ms > 100))
+            ms = 100;
+        int rc = poll(p, n, ms);
         if (rc < 0 && errno != EINTR)
             return tern__error_errno(TERN_ERR_IO, errno, "store: poll while %s", what);
+        if (assist != NULL && rc >= 0)
+            assist->run(assist->arg);
+        if (rc > 0 && p[0].revents != 0)
+            return TERN_OK;
     }
 }
 
-tern_status_t tern__sock_writev_all(int fd, struct iovec *iov, int iovcnt, uint64_t deadline)
+tern_status_t tern__sock_writev_all(int fd, struct iovec *iov, int iovcnt, uint64_t deadline,
+                                   const tern__sock_assist_t *assist)
 {
     while (iovcnt > 0) {
         struct msghdr msg = {.msg_iov = iov, .msg_iovlen = (size_t)iovcnt};
@@ -211,7 +222,7 @@ tern_status_t tern__sock_writev_all(int fd, struct iovec *iov, int iovcnt, uint6
             if (errno == EINTR)
                 continue;
             if (errno == EAGAIN || errno == EWOULDBLOCK) {
-                tern_status_t st = wait_fd(fd, POLLOUT, deadline, "sending");
+                tern_status_t st = wait_fd(fd, POLLOUT, deadline, assist, "sending");
                 if (st != TERN_OK)
                     return st;
                 continue;
@@ -233,7 +244,8 @@ tern_status_t tern__sock_writev_all(int fd, struct iovec *iov, int iovcnt, uint6
     return TERN_OK;
 }
 
-tern_status_t tern__sock_read_all(int fd, void *buf, size_t len, uint64_t deadline)
+tern_status_t tern__sock_read_all(int fd, void *buf, size_t len, uint64_t deadline,
+                                 const tern__sock_assist_t *assist)
 {
     char *p = buf;
     while (len > 0) {
@@ -248,7 +260,7 @@ tern_status_t tern__sock_read_all(int fd, void *buf, size_t len, uint64_t deadli
         if (errno == EINTR)
             continue;
         if (errno == EAGAIN || errno == EWOULDBLOCK) {
-            tern_status_t st = wait_fd(fd, POLLIN, deadline, "waiting for a reply");
+            tern_status_t st = wait_fd(fd, POLLIN, deadline, assist, "waiting for a reply");
             if (st != TERN_OK)
                 return st;
             continue;

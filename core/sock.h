@@ -26,11 +26,25 @@ tern_status_t tern__sock_listen(const char *host, unsigned port, int *fd_out, un
  */
 tern_status_t tern__sock_connect(const char *host, unsigned port, uint64_t deadline, int *fd_out);
 
-/* Write all of iov (modified) or fail: TERN_ERR_PEER_LOST, TERN_ERR_TIMEOUT. */
-tern_status_t tern__sock_writev_all(int fd, struct iovec *iov, int iovcnt, uint64_t deadline);
+/*
+ * Work a waiting helper does meanwhile: run(arg) whenever fd is readable and
+ * at least every 100 ms. Rank 0's store client serves its own store this way.
+ */
+typedef struct {
+    int fd;
+    void (*run)(void *arg);
+    void *arg;
+} tern__sock_assist_t;
 
-/* Read exactly len bytes: TERN_ERR_PEER_LOST on EOF, TERN_ERR_TIMEOUT at deadline. */
-tern_status_t tern__sock_read_all(int fd, void *buf, size_t len, uint64_t deadline);
+/* Write all of iov (modified) or fail: TERN_ERR_PEER_LOST, TERN_ERR_TIMEOUT.
+ * assist may be NULL. */
+tern_status_t tern__sock_writev_all(int fd, struct iovec *iov, int iovcnt, uint64_t deadline,
+                                   const tern__sock_assist_t *assist);
+
+/* Read exactly len bytes: TERN_ERR_PEER_LOST on EOF, TERN_ERR_TIMEOUT at deadline.
+ * assist may be NULL. */
+tern_status_t tern__sock_read_all(int fd, void *buf, size_t len, uint64_t deadline,
+                                 const tern__sock_assist_t *assist);
 
 /* Deadline helper: now + timeout_ns, saturating. */
 uint64_t tern__deadline(int64_t timeout_ns);

@@ -38,6 +38,9 @@ struct tern_store {
     /* memory store */
     tern__kv_t *kv;
     pthread_cond_t cond;
+    /* this process serves the store it is a client of (rank 0) */
+    tern__sock_assist_t assist;
+    bool assisted;
 };
 
 static tern_status_t check_key(const char *key)
@@ -117,9 +120,10 @@ static tern_status_t tcp_request(tern_store_t *s, uint8_t op, const char *const 
                          s->failed_detail);
         goto out;
     }
-    st = tern__sock_writev_all(s->fd, iov, iovcnt, deadline);
+    const tern__sock_assist_t *assist = s->assisted ? &s->assist : NULL;
+    st = tern__sock_writev_all(s->fd, iov, iovcnt, deadline, assist);
     if (st == TERN_OK)
-        st = tern__sock_read_all(s->fd, rhdr, sizeof(rhdr), deadline);
+        st = tern__sock_read_all(s->fd, rhdr, sizeof(rhdr), deadline, assist);
     if (st != TERN_OK)
         goto broken;
     uint32_t rlen = tern__get_be32(rhdr + 8);
@@ -132,7 +136,7 @@ static tern_status_t tcp_request(tern_store_t *s, uint8_t op, const char *const 
         st = tern__error(TERN_ERR_NO_MEMORY, "store: no memory for a %u-byte reply", rlen);
         goto broken;
     }
-    st = tern__sock_read_all(s->fd, rbody, rlen, deadline);
+    st = tern__sock_read_all(s->fd, rbody, rlen, deadline, assist);
     if (st != TERN_OK)
         goto broken;
     rbody[rlen] = '\0';
@@ -193,6 +197,23 @@ fail:
 }
 
 /* ---- memory store ---- */
+
+static void assist_serve(void *arg)
+{
+    tern__store_server_serve(arg);
+}
+
+void tern__store_assist(tern_store_t *store, tern_store_server_t *server)
+{
+    int fd;
+    if (store == NULL || server == NULL || store->fd < 0 ||
+        tern__store_server_adopt(server, &fd) != TERN_OK)
+        return;
+    pthread_mutex_lock(&store->lock);
+    store->assist = (tern__sock_assist_t){.fd = fd, .run = assist_serve, .arg = server};
+    store->assisted = true;
+    pthread_mutex_unlock(&store->lock);
+}
 
 tern_status_t tern_store_memory_create(unsigned world_size, int64_t timeout_ns,
                                        tern_store_t **store_out)

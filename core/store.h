@@ -12,4 +12,23 @@
 tern_status_t tern__store_join(tern_store_t *store, unsigned rank, unsigned world_size);
 void tern__store_leave(tern_store_t *store, unsigned rank);
 
+/*
+ * Take serving away from the server's own thread (which exits): from now on
+ * tern__store_server_serve serves it, called whenever *fd_out (its epoll fd)
+ * is readable and at least every 100 ms (parked requests' deadlines). Until
+ * tern_store_server_stop, which then serves by itself while it waits.
+ */
+tern_status_t tern__store_server_adopt(tern_store_server_t *server, int *fd_out);
+
+/* Serve what is ready without blocking. Any thread; while one serves, the
+ * others return at once. A no-op for a server that was not adopted. */
+void tern__store_server_serve(tern_store_server_t *server);
+
+/*
+ * Make store's requests serve server while they wait for their replies: the
+ * client of a store this process serves may be called from the very thread
+ * that serves it.
+ */
+void tern__store_assist(tern_store_t *store, tern_store_server_t *server);
+
 #endif

@@ -1,7 +1,13 @@
 /*
- * The store server: one thread, epoll over the listening socket and every
- * client connection. A blocking get or wait parks its connection until the
- * keys appear or its deadline passes; nothing ever blocks the thread.
+ * The store server: epoll over the listening socket and every client
+ * connection. A blocking get or wait parks its connection until the keys
+ * appear or its deadline passes; serving never blocks.
+ *
+ * It starts on a thread of its own. A context hands it to its progress thread
+ * (tern__store_server_adopt) so that rank 0 runs no thread beyond the pool,
+ * the progress thread and its own; from then on whoever holds serve_lock
+ * serves, which also lets rank 0's own store calls serve while they wait
+ * (they may be made on the progress thread itself).
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -55,6 +61,8 @@ struct tern_store_server {
     unsigned port;
     pthread_t thread;
     bool thread_started;
+    bool adopted;               /* served by tern__store_server_serve callers */
+    pthread_mutex_t serve_lock; /* held by whoever serves an adopted server */
     tern__kv_t *kv;
     conn_t *conns;
     int log_rank;
@@ -452,43 +460,54 @@ static void sweep(tern_store_server_t *s)
     }
 }
 
+/* One batch of events, waiting at most max_ms (-1: until the next parked
+ * deadline). False when epoll fails. */
+static bool serve_batch(tern_store_server_t *s, int max_ms)
+{
+    struct epoll_event evs[64];
+    int timeout = expire(s);
+    sweep(s);
+    if (max_ms >= 0 && (timeout < 0 || timeout > max_ms))
+        timeout = max_ms;
+    int n = epoll_wait(s->epfd, evs, 64, timeout);
+    if (n < 0 && errno != EINTR) {
+        tern_error("store: epoll_wait failed, the store stops serving: %m");
+        return false;
+    }
+    for (int i = 0; i < n; i++) {
+        conn_t *c = evs[i].data.ptr;
+        if (c == &listen_tag) {
+            on_accept(s);
+            continue;
+        }
+        if (c == &wake_tag) {
+            uint64_t v;
+            if (read(s->wakefd, &v, sizeof(v)) < 0 && errno != EAGAIN)
+                tern_warn("store: wake read: %m");
+            continue;
+        }
+        if (c->dead)
+            continue;
+        bool alive = true;
+        if (evs[i].events & EPOLLOUT)
+            alive = flush_out(s, c);
+        if (alive && (evs[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR)))
+            alive = on_readable(s, c);
+        if (!alive)
+            c->dead = true;
+    }
+    sweep(s);
+    return true;
+}
+
 static void *server_main(void *arg)
 {
     tern_store_server_t *s = arg;
-    struct epoll_event evs[64];
 
     tern__log_set_rank(s->log_rank);
     for (;;) {
-        int timeout = expire(s);
-        sweep(s);
-        int n = epoll_wait(s->epfd, evs, 64, timeout);
-        if (n < 0 && errno != EINTR) {
-            tern_error("store: epoll_wait failed, the store stops serving: %m");
+        if (!serve_batch(s, -1))
             break;
-        }
-        for (int i = 0; i < n; i++) {
-            conn_t *c = evs[i].data.ptr;
-            if (c == &listen_tag) {
-                on_accept(s);
-                continue;
-            }
-            if (c == &wake_tag) {
-                uint64_t v;
-                if (read(s->wakefd, &v, sizeof(v)) < 0 && errno != EAGAIN)
-                    tern_warn("store: wake read: %m");
-                continue;
-            }
-            if (c->dead)
-                continue;
-            bool alive = true;
-            if (evs[i].events & EPOLLOUT)
-                alive = flush_out(s, c);
-            if (alive && (evs[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR)))
-                alive = on_readable(s, c);
-            if (!alive)
-                c->dead = true;
-        }
-        sweep(s);
         pthread_mutex_lock(&s->lock);
         bool stop = s->stop;
         pthread_mutex_unlock(&s->lock);
@@ -496,6 +515,40 @@ static void *server_main(void *arg)
             break;
     }
     return NULL;
+}
+
+tern_status_t tern__store_server_adopt(tern_store_server_t *s, int *fd_out)
+{
+    if (s == NULL || fd_out == NULL)
+        return tern__error(TERN_ERR_INVALID_PARAM, "store server: adopt: NULL argument");
+    if (s->adopted) {
+        *fd_out = s->epfd;
+        return TERN_OK;
+    }
+    if (s->thread_started) {
+        pthread_mutex_lock(&s->lock);
+        s->stop = true;
+        pthread_mutex_unlock(&s->lock);
+        uint64_t one = 1;
+        if (write(s->wakefd, &one, sizeof(one)) < 0)
+            tern_warn("store server: wake write: %m");
+        pthread_join(s->thread, NULL);
+        s->thread_started = false;
+        s->stop = false;
+    }
+    /* Connections and parked requests stay as they are: epoll is
+     * level-triggered, so whatever arrived meanwhile is served next batch. */
+    s->adopted = true;
+    *fd_out = s->epfd;
+    return TERN_OK;
+}
+
+void tern__store_server_serve(tern_store_server_t *s)
+{
+    if (s == NULL || !s->adopted || pthread_mutex_trylock(&s->serve_lock) != 0)
+        return;
+    serve_batch(s, 0);
+    pthread_mutex_unlock(&s->serve_lock);
 }
 
 tern_status_t tern_store_server_start(const char *host, unsigned port, unsigned world_size,
@@ -514,6 +567,7 @@ tern_status_t tern_store_server_start(const char *host, unsigned port, unsigned 
     s->lfd = s->epfd = s->wakefd = -1;
     s->log_rank = tern__log_rank();
     pthread_mutex_init(&s->lock, NULL);
+    pthread_mutex_init(&s->serve_lock, NULL);
     pthread_cond_init(&s->cond, NULL);
     s->kv = tern__kv_create(world_size);
     if (s->kv == NULL) {
@@ -589,6 +643,22 @@ tern_status_t tern_store_server_stop(tern_store_server_t *s, int64_t timeout_ns)
         if (write(s->wakefd, &one, sizeof(one)) < 0)
             tern_warn("store server: wake write: %m");
         pthread_join(s->thread, NULL);
+    } else if (s->adopted) {
+        /* Nobody else serves now: serve here until the others have left. */
+        uint64_t deadline = tern__deadline(timeout_ns);
+        pthread_mutex_lock(&s->serve_lock);
+        while (s->members > 0) {
+            uint64_t now = tern_clock_ns();
+            if (deadline == 0 || now >= deadline) {
+                st = tern__error(TERN_ERR_TIMEOUT,
+                                 "store server: %u rank(s) still connected at shutdown", s->members);
+                break;
+            }
+            uint64_t ms = (deadline - now) / 1000000 + 1;
+            if (!serve_batch(s, ms > 100 ? 100 : (int)ms))
+                break;
+        }
+        pthread_mutex_unlock(&s->serve_lock);
     }
     while (s->conns != NULL)
         conn_close(s, s->conns);
@@ -600,6 +670,7 @@ tern_status_t tern_store_server_stop(tern_store_server_t *s, int64_t timeout_ns)
         close(s->wakefd);
     tern__kv_destroy(s->kv);
     pthread_cond_destroy(&s->cond);
+    pthread_mutex_destroy(&s->serve_lock);
     pthread_mutex_destroy(&s->lock);
     free(s);
     return st;

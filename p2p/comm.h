@@ -14,6 +14,7 @@
 
 #include <tern/imm.h>
 #include <tern/p2p.h>
+#include <tern/store.h>
 #include <tern/transport.h>
 
 typedef struct tern__comm tern__comm_t;
@@ -70,6 +71,9 @@ struct tern__comm {
     pthread_cond_t idle_cv;   /* the progress thread sleeps on it while a waiter spins */
     pthread_t thread;
     bool thread_started;
+    /* rank 0: the store server the progress thread serves, and its fd */
+    tern_store_server_t *store_server;
+    int store_fd;
     atomic_bool stop;
     atomic_int spinning;      /* user threads progressing the transport themselves */
     atomic_uint waits;        /* waits ended: the progress thread naps while it moves */

@@ -40,6 +40,9 @@
 /* Idle polls between two looks at the clock while waiting: reading it costs
  * 20-40 ns here, more than an idle poll of shared memory. */
 #define POLLS_PER_CLOCK 32
+/* Idle polls of the progress thread between two looks at the store it serves
+ * (rank 0). */
+#define STORE_POLLS 64
 
 tern__comm_t *tern__comm(tern_ctx_t *ctx)
 {
@@ -136,6 +139,8 @@ static void *progress_main(void *arg)
     unsigned seen_waits = atomic_load(&comm->waits);
 
     uint64_t last_event = 0;
+    unsigned idle_polls = 0;
+    int store_fd = comm->store_fd;
     tern__log_set_rank((int)comm->rank);
     while (!atomic_load(&comm->stop)) {
         pthread_mutex_lock(&comm->lock);
@@ -152,6 +157,11 @@ static void *progress_main(void *arg)
             ts.tv_sec += ts.tv_nsec / 1000000000;
             ts.tv_nsec %= 1000000000;
             pthread_cond_timedwait(&comm->idle_cv, &comm->lock, &ts);
+            if (comm->store_server != NULL) {
+                pthread_mutex_unlock(&comm->lock);
+                tern__store_server_serve(comm->store_server);
+                pthread_mutex_lock(&comm->lock);
+            }
         }
         int n = tern_transport_progress(comm->tp);
         bool may_sleep = n == 0 && !comm->busy_poll && fd >= 0 &&
@@ -173,12 +183,19 @@ static void *progress_main(void *arg)
         if (may_sleep && tern_clock_ns() - last_event < PROGRESS_SPIN_NS)
             may_sleep = false;
         if (!may_sleep) {
+            /* The store waits far less often than the transport: look at it
+             * now and then, not on every idle poll. */
+            if (comm->store_server != NULL && ++idle_polls % STORE_POLLS == 0)
+                tern__store_server_serve(comm->store_server);
             sched_yield();
             continue;
         }
-        /* Wake at least every 100 ms to notice stop. */
-        struct pollfd p = {.fd = fd, .events = POLLIN};
-        poll(&p, 1, atomic_load(&comm->coll_active) != 0 || timers ? 10 : 100);
+        /* Wake at least every 100 ms to notice stop (and the store's parked
+         * requests' deadlines). */
+        struct pollfd p[2] = {{.fd = fd, .events = POLLIN}, {.fd = store_fd, .events = POLLIN}};
+        poll(p, store_fd >= 0 ? 2 : 1, atomic_load(&comm->coll_active) != 0 || timers ? 10 : 100);
+        if (comm->store_server != NULL)
+            tern__store_server_serve(comm->store_server);
     }
     return NULL;
 }
@@ -261,6 +278,10 @@ static tern_status_t comm_open(tern_ctx_t *ctx)
     addr_key(key, sizeof(key), (int)comm->rank);
     if ((st = tern_store_set(tern_ctx_store(ctx), key, addr, alen)) != TERN_OK)
         goto fail;
+    /* Rank 0's store is served from here on by the progress thread, and by
+     * its own store calls while they wait: no thread of its own. */
+    comm->store_fd = -1;
+    comm->store_server = tern__ctx_take_store_server(ctx, &comm->store_fd);
     int rc = pthread_create(&comm->thread, NULL, progress_main, comm);
     if (rc != 0) {
         st = tern__error_errno(TERN_ERR_NO_RESOURCE, rc, "tern_init: cannot start the progress thread");

@@ -385,6 +385,75 @@ static void test_server_lost_during_get(void **state)
     tern_store_close(b.s);
 }
 
+/* Rank 1 of the adopted-server test: served only while rank 0's own calls wait. */
+static void *adopted_peer(void *arg)
+{
+    rank_arg_t *a = arg;
+    tern_store_t *s = NULL;
+    void *v = NULL;
+    size_t len;
+    CHECK(tern_store_connect("127.0.0.1", a->port, 1, 2, 5 * SEC, 10 * SEC, &s) == TERN_OK,
+          "connect: %s", tern_last_error());
+    CHECK(tern_store_set(s, "from-b", "b", 1) == TERN_OK, "set: %s", tern_last_error());
+    CHECK(tern_store_get(s, "from-a", &v, &len, 10 * SEC) == TERN_OK, "get: %s",
+          tern_last_error());
+    CHECK(len == 1 && memcmp(v, "a", 1) == 0, "get returned the wrong value");
+    CHECK(tern_store_set(s, "b-done", "", 0) == TERN_OK, "set: %s", tern_last_error());
+    a->ok = 1;
+out:
+    free(v);
+    tern_store_close(s);
+    return NULL;
+}
+
+/*
+ * A context hands rank 0's store server to its progress thread; rank 0's own
+ * store calls, which that very thread may make, serve it while they wait.
+ * Here nothing else serves it: without that, every call below hangs.
+ */
+static void test_adopted_server(void **state)
+{
+    tern_store_server_t *srv;
+    tern_store_t *s;
+    rank_arg_t b = {.rank = 1};
+    pthread_t t;
+    void *v = NULL;
+    size_t len;
+    int fd = -1;
+    (void)state;
+    assert_int_equal(tern_store_server_start("127.0.0.1", 0, 2, &srv), TERN_OK);
+    b.port = tern_store_server_port(srv);
+    assert_int_equal(tern_store_connect("127.0.0.1", b.port, 0, 2, SEC, 10 * SEC, &s), TERN_OK);
+    tern__store_assist(s, srv);
+    assert_int_equal(tern__store_server_adopt(srv, &fd), TERN_OK);
+    assert_true(fd >= 0);
+
+    int64_t n = 0;
+    assert_int_equal(tern_store_add(s, "count", 5, &n), TERN_OK);
+    assert_int_equal(n, 5);
+    /* A parked request's deadline passes with no traffic at all. */
+    uint64_t t0 = tern_clock_ns();
+    assert_int_equal(tern_store_get(s, "never", &v, &len, 200 * NS_PER_MS), TERN_ERR_TIMEOUT);
+    uint64_t dt = tern_clock_ns() - t0;
+    assert_true(dt >= 190 * NS_PER_MS && dt < 3 * SEC);
+
+    /* Another rank connects and talks while only rank 0's waits serve. */
+    assert_int_equal(pthread_create(&t, NULL, adopted_peer, &b), 0);
+    assert_int_equal(tern_store_get(s, "from-b", &v, &len, 10 * SEC), TERN_OK);
+    assert_true(len == 1 && memcmp(v, "b", 1) == 0);
+    free(v);
+    assert_int_equal(tern_store_set(s, "from-a", "a", 1), TERN_OK);
+    const char *keys[1] = {"b-done"};
+    assert_int_equal(tern_store_wait(s, keys, 1, 10 * SEC), TERN_OK);
+    tern_store_close(s);
+    /* Stopping serves by itself until rank 1 has gone. */
+    assert_int_equal(tern_store_server_stop(srv, 10 * SEC), TERN_OK);
+    pthread_join(t, NULL);
+    if (!b.ok)
+        print_error("rank 1: %s\n", b.why);
+    assert_true(b.ok);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -397,6 +466,7 @@ int main(void)
         cmocka_unit_test(test_port_in_use),
         cmocka_unit_test(test_malformed_input),
         cmocka_unit_test(test_server_lost_during_get),
+        cmocka_unit_test(test_adopted_server),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

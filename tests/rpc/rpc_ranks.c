@@ -37,6 +37,7 @@
  *                    overrides the count); RSS on both ranks grows by less
  *                    than 8 MiB. Skipped (77) under AddressSanitizer.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
@@ -1707,6 +1708,28 @@ static void test_blocking_self(void)
 
 /* ---- graceful shutdown with calls in flight ---- */
 
+/* Issue 5's bound: a rank runs at most pool + 2 threads (main and progress;
+ * rank 0 serves the store from its progress thread), whatever the peers and
+ * calls in flight. */
+static void check_threads(const char *when)
+{
+    unsigned n = 0, pool = tern_pool_size(tern_ctx_pool(ctx));
+    DIR *d = opendir("/proc/self/task");
+    if (d == NULL)
+        return; /* not Linux: nothing to count */
+    for (struct dirent *e; (e = readdir(d)) != NULL;)
+        n += e->d_name[0] != '.';
+    closedir(d);
+    /* UCX runs one async thread per process of its own (connection and
+     * error events); it is UCX's, not tern's. */
+    const char *tp = getenv("TERN_TRANSPORT");
+    unsigned theirs = tp != NULL && strcmp(tp, "ucx") == 0;
+    printf("rank %d: %u threads %s (pool %u, the transport's own %u)\n", rank, n, when, pool,
+           theirs);
+    CHECK(n <= pool + 2 + theirs, "%u threads %s, more than pool %u + 2 (+ %u of the transport)", n,
+          when, pool, theirs);
+}
+
 static void test_shutdown(void)
 {
     enum { N = 50 };
@@ -1727,6 +1750,7 @@ static void test_shutdown(void)
     } else {
         serve_until_finished();
     }
+    check_threads("with calls in flight");
     uint64_t t0 = tern_clock_ns();
     OK(tern_rpc_shutdown(ctx, 1));
     double dt = secs_since(t0);
