@@ -118,6 +118,17 @@ static const field_t fields[] = {
      .offset = OFF(rpc_window), .min = 1, .max = 65536,
      .doc = "RPCs in flight from one worker to another; a call beyond it waits for one to "
             "finish"},
+    {.name = "TERN_PROF_CLOCK_REFRESH", .group = "tern", .type = FIELD_DURATION, .dflt = "10s",
+     .offset = OFF(prof_clock_refresh_ns),
+     .doc = "while the profiler runs, re-estimate each peer's clock offset this often (0: only "
+            "at first contact and at stop)"},
+    {.name = "TERN_PROF_CLOCK_SAMPLES", .group = "tern", .type = FIELD_INT, .dflt = "100",
+     .offset = OFF(prof_clock_samples), .min = 1, .max = 100000,
+     .doc = "ping-pong round trips per clock offset estimate; the shortest one is kept"},
+    {.name = "TERN_CLOCK_SKEW_NS", .group = "tern", .type = FIELD_INT, .dflt = "0",
+     .offset = OFF(clock_skew_ns), .min = -1000000000000000LL, .max = 1000000000000000LL,
+     .doc = "for tests: add this many nanoseconds to this process's profiler clock; the "
+            "ping-pong estimate must find it"},
     {.name = "TERN_MASTER_ADDR", .group = "tern", .type = FIELD_STRING, .dflt = "",
      .offset = OFF(tern_master_addr), .size = sizeof(((tern__config_t *)0)->tern_master_addr),
      .doc = "host of tern's store, when it must differ from MASTER_ADDR"},

@@ -59,6 +59,9 @@ typedef struct tern__config {
     /* rpc */
     int64_t rpc_timeout_ns;
     int64_t rpc_window;
+    int64_t prof_clock_refresh_ns;
+    int64_t prof_clock_samples;
+    int64_t clock_skew_ns;
 } tern__config_t;
 
 /* Name of a launcher for messages ("torchrun"). */

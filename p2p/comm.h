@@ -161,6 +161,10 @@ void tern__p2p_fini(tern__comm_t *comm);
  * closed, whose last callbacks may still return some. */
 void tern__p2p_free_caches(tern__comm_t *comm);
 void tern__p2p_peer_lost(tern__comm_t *comm, int peer, tern_status_t why);
+
+/* Send the profiler's clock PING (seq) to dst; its PONG goes to
+ * tern__prof_clock_pong. Takes the lock. */
+tern_status_t tern__p2p_ping(tern__comm_t *comm, int dst, uint64_t seq);
 tern_status_t tern__p2p_isend(tern__comm_t *comm, uint32_t cid, const void *buf, size_t len,
                               int dst, int tag, tern_request_t **req);
 tern_status_t tern__p2p_irecv(tern__comm_t *comm, uint32_t cid, void *buf, size_t cap, int src,

@@ -38,8 +38,10 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "p2p/comm.h"
+#include "prof/prof.h"
 
-enum ctrl { CTRL_FIN = 1, CTRL_CREDIT = 2, CTRL_NACK = 3 };
+/* PING and PONG carry the profiler's clock ping-pong (prof/session.c). */
+enum ctrl { CTRL_FIN = 1, CTRL_CREDIT = 2, CTRL_NACK = 3, CTRL_PING = 4, CTRL_PONG = 5 };
 
 #define EAGER_HDR 8
 #define RTS_HDR 36
@@ -118,6 +120,23 @@ static void send_ctrl(tern__comm_t *comm, int dst, enum ctrl kind, const uint8_t
     memcpy(b->data, payload, len);
     if (send_bounce(comm, dst, tern_imm_make(TERN_IMM_CONTROL, 0, 0, kind), b) != TERN_OK)
         tern_warn("p2p: control message %d to rank %d not sent: %s", kind, dst, tern_last_error());
+}
+
+tern_status_t tern__p2p_ping(tern__comm_t *comm, int dst, uint64_t seq)
+{
+    uint8_t msg[8];
+    tern__put_le64(msg, seq);
+    pthread_mutex_lock(&comm->lock);
+    bounce_t *b = bounce_new(comm, sizeof(msg));
+    tern_status_t st;
+    if (b == NULL) {
+        st = tern__error(TERN_ERR_NO_MEMORY, "p2p: no memory for a ping");
+    } else {
+        memcpy(b->data, msg, sizeof(msg));
+        st = send_bounce(comm, dst, tern_imm_make(TERN_IMM_CONTROL, 0, 0, CTRL_PING), b);
+    }
+    pthread_mutex_unlock(&comm->lock);
+    return st;
 }
 
 static void send_fin(tern__comm_t *comm, int dst, uint64_t sreq, tern_status_t st)
@@ -395,6 +414,22 @@ static void on_control(tern__comm_t *comm, const tern_event_t *ev, void *arg)
         tern_warn("p2p: FIN for unknown send %" PRIu64 " from rank %u", id, ev->src);
         return;
     }
+    case CTRL_PING: {
+        /* Answer at once, with our clock as late as possible. */
+        if (ev->len != 8)
+            break;
+        uint8_t msg[16];
+        memcpy(msg, p, 8);
+        tern__put_le64(msg + 8, (uint64_t)tern_prof_clock_ns());
+        send_ctrl(comm, (int)ev->src, CTRL_PONG, msg, sizeof(msg));
+        return;
+    }
+    case CTRL_PONG:
+        if (ev->len != 16)
+            break;
+        tern__prof_clock_pong(comm, (int)ev->src, tern__get_le64(p),
+                              (int64_t)tern__get_le64(p + 8));
+        return;
     case CTRL_CREDIT:
         if (ev->len != 8)
             break;

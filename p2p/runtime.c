@@ -27,6 +27,7 @@
 #include "core/log.h"
 #include "core/topology.h"
 #include "p2p/comm.h"
+#include "prof/prof.h"
 
 /* How long a waiter progresses by itself before it sleeps (blocking mode). */
 #define SPIN_NS (200 * 1000)
@@ -57,6 +58,7 @@ static void on_event(const tern_event_t *ev, void *arg)
             tern_warn("lost rank %u", ev->src);
             comm->peer_failed[ev->src] = TERN_ERR_PEER_LOST;
             tern__p2p_peer_lost(comm, (int)ev->src, TERN_ERR_PEER_LOST);
+            tern__prof_peer_lost((int)ev->src);
             if (comm->rpc_peer_lost != NULL)
                 comm->rpc_peer_lost(comm, (int)ev->src);
         }
@@ -241,6 +243,7 @@ static tern_status_t comm_open(tern_ctx_t *ctx)
         return tern__error(TERN_ERR_NO_MEMORY, "tern_init: no memory");
     comm->ctx = ctx;
     comm->rank = tern_ctx_rank(ctx);
+    tern__prof_set_rank((int)comm->rank);
     comm->world = tern_ctx_world_size(ctx);
     comm->busy_poll = cfg->poll == 1;
     /* Oversubscribed (more ranks here than cores we may run on), a waiter

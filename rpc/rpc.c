@@ -18,6 +18,7 @@
 #include <tern/clock.h>
 #include <tern/imm.h>
 #include <tern/pool.h>
+#include <tern/prof.h>
 #include <tern/store.h>
 
 #include "core/bytes.h"
@@ -26,6 +27,7 @@
 #include "core/hash.h"
 #include "core/log.h"
 #include "p2p/comm.h"
+#include "prof/prof.h"
 #include "rpc/rpc_int.h"
 
 #define MAX_TENSORS 64
@@ -57,8 +59,13 @@ enum msg_type {
 /* Header (little-endian):
  *  0 u8 type  1 u8 flags  2 u16 name/error length  4 u32 ntensors
  *  8 u64 call id  16 u64 target RRef  24 u64 aux1  32 u64 aux2  40 u64 aux3
- * 48 u32 nrrefs  52 u32 blob length  56 i32 status  60 u32 reserved
- * then the name (or error text), padded to 8; RRefs; tensors; blob. */
+ * 48 u32 nrrefs  52 u32 blob length  56 i32 status  60 u32 profiler events length
+ * then the name (or error text), padded to 8; RRefs; tensors; blob; then, in a
+ * reply to a profiled call, the handler's profiler events (prof/record.c).
+ * Flags: the prof bit and config that go into the message's immediate (the
+ * target reads them there, not here). */
+#define F_PROF 0x08u
+#define F_PROF_CFG 0x07u
 
 /* RRef argument flags */
 #define RA_REGISTERED 1u /* the sender is the owner and registered the fork */
@@ -149,6 +156,10 @@ struct tern_future {
     uint64_t deadline;
     int64_t timeout_ns;
     char what[2 * TERN_RPC_NAME_MAX + 32]; /* "rpc 'add' to worker1", for errors */
+    tern__prof_op_t prof;         /* profiled: from issue to completion */
+    uint8_t *prof_events;         /* the reply's events, filed at completion */
+    size_t prof_events_len;
+    uint64_t prof_bytes;
     tern_mr_t **arg_mrs;          /* [narg_mrs] registered arguments, until completion */
     void **arg_tmp;               /* strided arguments gathered for the pull */
     size_t narg_mrs;
@@ -188,6 +199,7 @@ struct tern_rpc_call {
     bool in_handler;           /* its handler runs now (under lock) */
     bool complete_early;       /* completed (deferred) before its handler returned */
     tern_status_t early_status;
+    tern__prof_capture_t *prof; /* the caller profiles this call */
     call_t *next;
 };
 
@@ -295,6 +307,7 @@ typedef struct hdr {
     uint64_t call_id, target, aux1, aux2, aux3;
     uint32_t nrrefs, blob_len;
     int32_t status;
+    uint32_t events_len;
 } hdr_t;
 
 static void put_hdr(uint8_t *p, const hdr_t *h)
@@ -312,6 +325,7 @@ static void put_hdr(uint8_t *p, const hdr_t *h)
     tern__put_le32(p + 48, h->nrrefs);
     tern__put_le32(p + 52, h->blob_len);
     tern__put_le32(p + 56, (uint32_t)h->status);
+    tern__put_le32(p + 60, h->events_len);
 }
 
 static void get_hdr(const uint8_t *p, hdr_t *h)
@@ -328,6 +342,7 @@ static void get_hdr(const uint8_t *p, hdr_t *h)
     h->nrrefs = tern__get_le32(p + 48);
     h->blob_len = tern__get_le32(p + 52);
     h->status = (int32_t)tern__get_le32(p + 56);
+    h->events_len = tern__get_le32(p + 60);
 }
 
 static void handle_msg(rpc_t *rpc, int src, uint32_t imm, const void *data, size_t len);
@@ -346,7 +361,8 @@ static void free_on_send(void *arg, tern_status_t status)
 static tern_status_t send_msg(rpc_t *rpc, int dst, uint8_t *buf, size_t len)
 {
     tern_imm_class_t cls = buf[0] == M_REPLY ? TERN_IMM_RPC_REPLY : TERN_IMM_RPC_REQUEST;
-    uint32_t imm = tern_imm_make(cls, 0, 0, (uint32_t)tern__get_le64(buf + 8));
+    uint32_t imm = tern_imm_make(cls, (buf[1] & F_PROF) != 0, buf[1] & F_PROF_CFG,
+                                 (uint32_t)tern__get_le64(buf + 8));
     rpc->sent++;
     if (dst == rpc->rank) {
         handle_msg(rpc, dst, imm, buf, len);
@@ -571,6 +587,19 @@ static void future_complete(rpc_t *rpc, tern_future_t *f, tern_status_t st, char
         f->error = strdup(tern_strerror(st));
     if (st == TERN_OK)
         f->value.tensors = f->tensors;
+    if (f->prof.name != NULL) {
+        /* Filed before done: a caller that stops the profiler after its wait
+         * finds the call. */
+        uint64_t bytes = f->prof_bytes;
+        for (size_t i = 0; st == TERN_OK && i < f->value.ntensors; i++) {
+            size_t nb = 0;
+            if (tern_tensor_nbytes(&f->tensors[i], &nb) == TERN_OK)
+                bytes += nb;
+        }
+        tern__prof_op_end(&f->prof, bytes, f->prof_events, f->prof_events_len);
+        free(f->prof_events);
+        f->prof_events = NULL;
+    }
     atomic_store_explicit(&f->done, 1, memory_order_release);
     pthread_cond_broadcast(&rpc->comm->done_cv);
     if (f->ncbs > 0) {
@@ -878,6 +907,7 @@ static void call_free(rpc_t *rpc, call_t *c)
     free(c->res_blob);
     free(c->error);
     free(c->msg);
+    tern__prof_capture_put(c->prof);
     free(c);
 }
 
@@ -1074,7 +1104,8 @@ static void refuse(rpc_t *rpc, int src, const hdr_t *h, tern_status_t st, const 
     reply(rpc, c, st);
 }
 
-static void handle_request(rpc_t *rpc, int src, const hdr_t *h, const uint8_t *data, size_t len)
+static void handle_request(rpc_t *rpc, int src, uint32_t imm, const hdr_t *h,
+                           const uint8_t *data, size_t len)
 {
     tern_status_t st = TERN_OK;
     const uint8_t *end = data + len, *p = data + HDR;
@@ -1098,6 +1129,10 @@ static void handle_request(rpc_t *rpc, int src, const hdr_t *h, const uint8_t *d
     c->type = h->type;
     c->caller = src;
     c->call_id = h->call_id;
+    /* The caller profiles: so does this call's handler, whatever this
+     * worker's own profiler does. */
+    if (tern_imm_prof(imm))
+        c->prof = tern__prof_capture_new(tern_imm_prof_cfg(imm));
     memcpy(c->name, p, h->text_len);
     p += pad8(h->text_len);
     if (rpc->closed) {
@@ -1313,6 +1348,18 @@ static void reply(rpc_t *rpc, call_t *c, tern_status_t st)
         size = HDR + pad8(text_len);
     }
     size += blob_len;
+    /* The handler's events, as many as the message has room for (the rest
+     * are counted as dropped in them). */
+    size_t ev_len = 0;
+    if (c->prof != NULL) {
+        ev_len = tern__prof_capture_size(c->prof);
+        size_t room = c->caller == rpc->rank ? ev_len
+                      : rpc->max_send > size  ? rpc->max_send - size
+                                              : 0;
+        if (ev_len > room)
+            ev_len = room;
+    }
+    size += ev_len;
     uint8_t *buf = size <= rpc->max_send || c->caller == rpc->rank ? malloc(size) : NULL;
     if (buf == NULL) {
         plan_undo(plan, c->nres);
@@ -1327,6 +1374,11 @@ static void reply(rpc_t *rpc, call_t *c, tern_status_t st)
                .call_id = c->call_id,
                .blob_len = (uint32_t)blob_len,
                .status = st};
+    if (ev_len > 0) {
+        ev_len = tern__prof_capture_encode(c->prof, buf + size - ev_len, ev_len);
+        h.events_len = (uint32_t)ev_len;
+        h.flags = F_PROF;
+    }
     put_hdr(buf, &h);
     uint8_t *p = buf + HDR;
     memcpy(p, text, text_len);
@@ -1409,10 +1461,19 @@ static void run_call(void *arg)
     tern_status_t st;
     rpc_t *outer = tl_handler; /* a wait may run another handler inside this one */
     tl_handler = rpc;
+    tern__prof_capture_t *outer_cap = tern__prof_capture_enter(c->prof);
+    int64_t t0 = c->prof != NULL ? tern_prof_clock_ns() : 0;
     if (c->entry->ctor != NULL)
         st = c->entry->ctor(c, &c->made->obj);
     else
         st = c->entry->fn(c);
+    if (c->prof != NULL) {
+        char shapes[512] = "";
+        if (tern__prof_flags() & TERN_PROF_SHAPES)
+            tern__prof_shapes(shapes, sizeof(shapes), c->args, c->value.ntensors);
+        tern__prof_capture_handler(c->prof, c->name, t0, tern_prof_clock_ns(), shapes);
+    }
+    tern__prof_capture_enter(outer_cap);
     tl_handler = outer;
     if (st != TERN_OK && c->error == NULL && !c->deferred)
         c->error = strdup(tern_last_error());
@@ -1459,6 +1520,19 @@ static void handle_reply(rpc_t *rpc, int src, const hdr_t *h, const uint8_t *dat
             send_ctl(rpc, src, &rel);
         }
         return;
+    }
+    /* The target's profiler events ride at the end. */
+    if (h->events_len > 0) {
+        if (h->events_len > len - HDR) {
+            future_complete(rpc, f, TERN_ERR_PROTOCOL,
+                            dup_printf("%s: malformed reply (events)", f->what));
+            return;
+        }
+        len -= h->events_len;
+        if (f->prof.name != NULL && (f->prof_events = malloc(h->events_len)) != NULL) {
+            memcpy(f->prof_events, data + len, h->events_len);
+            f->prof_events_len = h->events_len;
+        }
     }
     const uint8_t *end = data + len, *p = data + HDR;
     tern_status_t st = TERN_OK;
@@ -1607,7 +1681,7 @@ static void handle_msg(rpc_t *rpc, int src, uint32_t imm, const void *data, size
     case M_CALL:
     case M_REMOTE:
     case M_TO_HERE:
-        handle_request(rpc, src, &h, data, len);
+        handle_request(rpc, src, imm, &h, data, len);
         return;
     case M_REPLY:
         handle_reply(rpc, src, &h, data, len);
@@ -1814,6 +1888,10 @@ static tern_future_t *future_new(rpc_t *rpc)
     return f;
 }
 
+/* What the profiler calls the call being issued on this thread: the sync
+ * wrappers say so, as PyTorch names rpc_sync and rpc_async apart. */
+static _Thread_local const char *tl_call_label;
+
 /* Issue a request with a reply: M_CALL or M_TO_HERE. */
 static tern_status_t call_out(rpc_t *rpc, int dst, uint8_t type, uint64_t target,
                               uint64_t aux1, uint64_t aux2, const char *fn,
@@ -1836,6 +1914,21 @@ static tern_status_t call_out(rpc_t *rpc, int dst, uint8_t type, uint64_t target
              fn, wname(rpc, dst));
     if (timeout_ns == TERN_RPC_TIMEOUT_DEFAULT)
         timeout_ns = rpc->timeout_ns;
+    /* Before the lock: the first profiled call to a peer measures its clock. */
+    const char *label = tl_call_label ? tl_call_label : type == M_REMOTE ? "remote" : "rpc_async";
+    tl_call_label = NULL;
+    tern__prof_op_begin(&f->prof, comm, dst, TERN_PROF_KIND_RPC, "%s#%s(%s -> %s)", label, fn,
+                        wname(rpc, rpc->rank), wname(rpc, dst));
+    uint8_t flags = 0;
+    if (f->prof.name != NULL) {
+        flags = (uint8_t)(F_PROF | (tern__prof_flags() & F_PROF_CFG));
+        f->prof_bytes = args ? args->blob_len : 0;
+        for (size_t i = 0; args != NULL && args->tensors != NULL && i < args->ntensors; i++) {
+            size_t nb = 0;
+            if (tern_tensor_nbytes(&args->tensors[i], &nb) == TERN_OK)
+                f->prof_bytes += nb;
+        }
+    }
     pthread_mutex_lock(&comm->lock);
     if (rpc->closed) {
         st = tern__error(TERN_ERR_CLOSED, "%s: RPC is shut down", f->what);
@@ -1854,7 +1947,12 @@ static tern_status_t call_out(rpc_t *rpc, int dst, uint8_t type, uint64_t target
         rpc->timers++;
         atomic_fetch_add(&comm->rpc_timers, 1);
     }
-    hdr_t h = {.type = type, .call_id = f->call_id, .target = target, .aux1 = aux1, .aux2 = aux2};
+    hdr_t h = {.type = type,
+               .flags = flags,
+               .call_id = f->call_id,
+               .target = target,
+               .aux1 = aux1,
+               .aux2 = aux2};
     st = send_request(rpc, dst, &h, type == M_TO_HERE ? "" : fn, args, f);
     if (st != TERN_OK) {
         rpc->window_used[dst]--;
@@ -1867,6 +1965,7 @@ static tern_status_t call_out(rpc_t *rpc, int dst, uint8_t type, uint64_t target
 out:
     pthread_mutex_unlock(&comm->lock);
     if (st != TERN_OK) {
+        tern__prof_op_drop(&f->prof);
         free(f->arg_mrs);
         free(f->arg_tmp);
         free(f);
@@ -1920,7 +2019,9 @@ tern_status_t tern_rpc_sync(tern_ctx_t *ctx, const char *to, const char *fn,
     if (result == NULL)
         return tern__error(TERN_ERR_INVALID_PARAM, "tern_rpc_sync: NULL result");
     *result = NULL;
+    tl_call_label = "rpc_sync";
     tern_status_t st = tern_rpc_async(ctx, to, fn, args, timeout_ns, &f);
+    tl_call_label = NULL;
     return st != TERN_OK ? st : settle(f, result);
 }
 
@@ -2398,11 +2499,12 @@ tern_status_t tern_rref_to_here(tern_rref_t *r, int64_t timeout_ns, tern_future_
     if (value == NULL)
         return tern__error(TERN_ERR_INVALID_PARAM, "tern_rref_to_here: NULL value");
     *value = NULL;
-    if ((st = rref_live(r, &rpc, "tern_rref_to_here")) != TERN_OK ||
-        (st = call_out(rpc, r->owner, M_TO_HERE, r->id, 0, 0, "to_here", NULL, timeout_ns, &f)) !=
-            TERN_OK)
+    if ((st = rref_live(r, &rpc, "tern_rref_to_here")) != TERN_OK)
         return st;
-    return settle(f, value);
+    tl_call_label = "rpc_sync";
+    st = call_out(rpc, r->owner, M_TO_HERE, r->id, 0, 0, "to_here", NULL, timeout_ns, &f);
+    tl_call_label = NULL;
+    return st != TERN_OK ? st : settle(f, value);
 }
 
 static tern_status_t check_method(const char *method)
@@ -2433,7 +2535,9 @@ tern_status_t tern_rref_rpc_sync(tern_rref_t *r, const char *method, const tern_
     if (result == NULL)
         return tern__error(TERN_ERR_INVALID_PARAM, "tern_rref_rpc_sync: NULL result");
     *result = NULL;
+    tl_call_label = "rpc_sync";
     tern_status_t st = tern_rref_rpc_async(r, method, args, timeout_ns, &f);
+    tl_call_label = NULL;
     return st != TERN_OK ? st : settle(f, result);
 }
 

@@ -12,6 +12,7 @@
 #include <tern/log.h>
 #include <tern/p2p.h>
 #include <tern/pool.h>
+#include <tern/prof.h>
 #include <tern/rpc.h>
 #include <tern/status.h>
 #include <tern/store.h>

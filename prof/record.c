@@ -1,0 +1,746 @@
+/*
+ * Recording: the session flag, per-thread event buffers, ranges, operations
+ * that end on another thread, the captures of profiled RPC handlers and their
+ * wire form, and the receiving end of the clock ping-pong. This part sits
+ * below p2p (which records into it); session.c, above rpc, starts and stops
+ * sessions and builds the results.
+ *
+ * A thread's buffer is a table of fixed chunks: the owner appends and then
+ * publishes the count (release); the reader at stop reads up to the count
+ * (acquire). Chunks never move, so no lock is taken on the recording path.
+ */
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <tern/clock.h>
+#include <tern/tensor.h>
+
+#include "core/bytes.h"
+#include "core/config.h"
+#include "core/log.h"
+#include "prof/record.h"
+
+atomic_int tern__prof_on;
+_Thread_local tern__prof_capture_t *tern__prof_tl_capture;
+
+/* The running session's settings, written by start before it sets the flag. */
+tern__prof_session_t tern__prof_session;
+
+static _Thread_local tern__prof_buf_t *tl_buf;
+static _Thread_local uint64_t tl_tid;
+static _Thread_local int64_t tl_mem; /* bytes tern allocated on this thread */
+
+static pthread_mutex_t bufs_lock = PTHREAD_MUTEX_INITIALIZER;
+static tern__prof_buf_t *bufs; /* every thread's, guarded by bufs_lock */
+static pthread_key_t buf_key;
+static pthread_once_t buf_once = PTHREAD_ONCE_INIT;
+
+static atomic_uint_fast64_t next_id = 1;
+
+/* ---- clock ---- */
+
+static pthread_once_t skew_once = PTHREAD_ONCE_INIT;
+static int64_t skew_ns;
+
+static void load_skew(void)
+{
+    tern__config_t cfg;
+    /* A bad environment fails tern_init with the detail; here it means no skew. */
+    if (tern__config_load(&cfg) == TERN_OK)
+        skew_ns = cfg.clock_skew_ns;
+}
+
+int64_t tern_prof_clock_ns(void)
+{
+    pthread_once(&skew_once, load_skew);
+    return (int64_t)tern_clock_ns() + skew_ns;
+}
+
+/* The hot path's clock: the skew is loaded by tern_prof_start. */
+static inline int64_t now(void)
+{
+    return (int64_t)tern_clock_ns() + skew_ns;
+}
+
+void tern__prof_load_skew(void)
+{
+    pthread_once(&skew_once, load_skew);
+}
+
+uint64_t tern__prof_tid(void)
+{
+    if (tl_tid == 0)
+        tl_tid = (uint64_t)syscall(SYS_gettid);
+    return tl_tid;
+}
+
+uint64_t tern__prof_new_id(void)
+{
+    return atomic_fetch_add_explicit(&next_id, 1, memory_order_relaxed);
+}
+
+/* ---- records ---- */
+
+void tern__prof_rec_set_name(tern__prof_rec_t *r, const char *name)
+{
+    size_t n = strlen(name);
+    if (n < sizeof(r->name.inl)) {
+        memcpy(r->name.inl, name, n + 1);
+        r->flags &= ~(uint16_t)TERN__REC_NAME_HEAP;
+        return;
+    }
+    char *h = malloc(n + 1);
+    if (h == NULL) {
+        /* Keep what fits, and say so in the name itself. */
+        memcpy(r->name.inl, name, sizeof(r->name.inl) - 4);
+        memcpy(r->name.inl + sizeof(r->name.inl) - 4, "...", 4);
+        r->flags &= ~(uint16_t)TERN__REC_NAME_HEAP;
+        return;
+    }
+    memcpy(h, name, n + 1);
+    r->name.heap = h;
+    r->flags |= TERN__REC_NAME_HEAP;
+}
+
+const char *tern__prof_rec_name(const tern__prof_rec_t *r)
+{
+    return (r->flags & TERN__REC_NAME_HEAP) ? r->name.heap : r->name.inl;
+}
+
+void tern__prof_rec_clear(tern__prof_rec_t *r)
+{
+    if (r->flags & TERN__REC_NAME_HEAP)
+        free(r->name.heap);
+    free(r->shapes);
+    r->flags = 0;
+    r->shapes = NULL;
+}
+
+/* ---- per-thread buffers ---- */
+
+static void buf_release(void *arg)
+{
+    tern__prof_buf_t *b = arg;
+    /* The thread is gone; its events stay for the reader, which frees the
+     * buffer at the next start. */
+    pthread_mutex_lock(&bufs_lock);
+    b->orphan = true;
+    pthread_mutex_unlock(&bufs_lock);
+}
+
+static void buf_key_init(void)
+{
+    pthread_key_create(&buf_key, buf_release);
+}
+
+static tern__prof_buf_t *buf_get(void)
+{
+    tern__prof_buf_t *b = tl_buf;
+    unsigned gen = atomic_load_explicit(&tern__prof_session.gen, memory_order_relaxed);
+    if (b != NULL && b->gen == gen)
+        return b;
+    if (b == NULL) {
+        pthread_once(&buf_once, buf_key_init);
+        b = calloc(1, sizeof(*b));
+        if (b == NULL)
+            return NULL;
+        b->tid = tern__prof_tid();
+        pthread_mutex_lock(&bufs_lock);
+        b->next = bufs;
+        bufs = b;
+        pthread_mutex_unlock(&bufs_lock);
+        pthread_setspecific(buf_key, b);
+        tl_buf = b;
+    }
+    /* A new session: what this thread recorded before was read at stop (or
+     * dropped at start). */
+    pthread_mutex_lock(&bufs_lock);
+    tern__prof_buf_reset(b);
+    b->gen = gen;
+    pthread_mutex_unlock(&bufs_lock);
+    return b;
+}
+
+void tern__prof_buf_reset(tern__prof_buf_t *b)
+{
+    size_t n = atomic_load_explicit(&b->count, memory_order_acquire);
+    for (size_t i = 0; i < n; i++)
+        tern__prof_rec_clear(tern__prof_buf_at(b, i));
+    atomic_store_explicit(&b->count, 0, memory_order_release);
+    b->dropped = 0;
+}
+
+tern__prof_rec_t *tern__prof_buf_at(tern__prof_buf_t *b, size_t i)
+{
+    return &b->chunks[i / TERN__PROF_CHUNK][i % TERN__PROF_CHUNK];
+}
+
+/* A new record on this thread's buffer, zeroed, or NULL (counted as dropped). */
+static tern__prof_rec_t *buf_append(tern__prof_buf_t *b, size_t *index)
+{
+    size_t n = atomic_load_explicit(&b->count, memory_order_relaxed);
+    size_t c = n / TERN__PROF_CHUNK;
+    if (c >= TERN__PROF_CHUNKS) {
+        b->dropped++;
+        return NULL;
+    }
+    if (b->chunks[c] == NULL) {
+        tern__prof_rec_t *chunk = calloc(TERN__PROF_CHUNK, sizeof(*chunk));
+        if (chunk == NULL) {
+            b->dropped++;
+            return NULL;
+        }
+        b->chunks[c] = chunk;
+    }
+    tern__prof_rec_t *r = &b->chunks[c][n % TERN__PROF_CHUNK];
+    memset(r, 0, sizeof(*r));
+    *index = n;
+    return r;
+}
+
+static void buf_publish(tern__prof_buf_t *b, size_t index)
+{
+    atomic_store_explicit(&b->count, index + 1, memory_order_release);
+}
+
+void tern__prof_each_buf(void (*fn)(tern__prof_buf_t *b, void *arg), void *arg)
+{
+    pthread_mutex_lock(&bufs_lock);
+    tern__prof_buf_t **pp = &bufs;
+    while (*pp != NULL) {
+        tern__prof_buf_t *b = *pp;
+        fn(b, arg);
+        if (b->orphan && atomic_load(&b->count) == 0) {
+            *pp = b->next;
+            for (size_t c = 0; c < TERN__PROF_CHUNKS && b->chunks[c] != NULL; c++)
+                free(b->chunks[c]);
+            free(b);
+            continue;
+        }
+        pp = &b->next;
+    }
+    pthread_mutex_unlock(&bufs_lock);
+}
+
+/* ---- captures (a profiled handler's events, on the target) ---- */
+
+struct tern__prof_capture {
+    pthread_mutex_t lock;
+    atomic_int refs;
+    unsigned cfg;
+    tern__prof_rec_t *recs;
+    size_t n, cap;
+    uint32_t dropped;
+};
+
+/* Most events a capture keeps: the reply must stay a sendable message. */
+#define CAPTURE_MAX 4096
+
+tern__prof_capture_t *tern__prof_capture_new(unsigned cfg)
+{
+    tern__prof_capture_t *c = calloc(1, sizeof(*c));
+    if (c == NULL)
+        return NULL;
+    pthread_mutex_init(&c->lock, NULL);
+    atomic_init(&c->refs, 1);
+    c->cfg = cfg;
+    tern__prof_load_skew();
+    return c;
+}
+
+static void capture_get(tern__prof_capture_t *c)
+{
+    atomic_fetch_add(&c->refs, 1);
+}
+
+void tern__prof_capture_put(tern__prof_capture_t *c)
+{
+    if (c == NULL || atomic_fetch_sub(&c->refs, 1) != 1)
+        return;
+    for (size_t i = 0; i < c->n; i++)
+        tern__prof_rec_clear(&c->recs[i]);
+    free(c->recs);
+    pthread_mutex_destroy(&c->lock);
+    free(c);
+}
+
+tern__prof_capture_t *tern__prof_capture_enter(tern__prof_capture_t *c)
+{
+    tern__prof_capture_t *old = tern__prof_tl_capture;
+    tern__prof_tl_capture = c;
+    return old;
+}
+
+/* Append a copy of r (lock held); the copy owns r's strings. */
+static tern__prof_rec_t *capture_add(tern__prof_capture_t *c)
+{
+    if (c->n == CAPTURE_MAX) {
+        c->dropped++;
+        return NULL;
+    }
+    if (c->n == c->cap) {
+        size_t cap = c->cap ? 2 * c->cap : 16;
+        tern__prof_rec_t *p = realloc(c->recs, cap * sizeof(*p));
+        if (p == NULL) {
+            c->dropped++;
+            return NULL;
+        }
+        c->recs = p;
+        c->cap = cap;
+    }
+    tern__prof_rec_t *r = &c->recs[c->n++];
+    memset(r, 0, sizeof(*r));
+    return r;
+}
+
+void tern__prof_capture_handler(tern__prof_capture_t *c, const char *name, int64_t start,
+                                int64_t end, const char *shapes)
+{
+    if (c == NULL)
+        return;
+    pthread_mutex_lock(&c->lock);
+    tern__prof_rec_t *r = capture_add(c);
+    if (r != NULL) {
+        tern__prof_rec_set_name(r, name);
+        r->start = start;
+        atomic_store_explicit(&r->end, end, memory_order_relaxed);
+        r->kind = TERN_PROF_KIND_HANDLER;
+        r->tid = tern__prof_tid();
+        r->node = tern__prof_session_node();
+        r->id = tern__prof_new_id();
+        if (shapes != NULL && shapes[0] != '\0')
+            r->shapes = strdup(shapes);
+    }
+    pthread_mutex_unlock(&c->lock);
+}
+
+/* ---- ranges ---- */
+
+/* Handles: the session generation above, the record's index below; in a
+ * capture, the top bit is set and the index is the capture's. */
+#define H_CAPTURE (1ull << 63)
+
+static tern_prof_range_t range_begin(const char *name, unsigned kind)
+{
+    tern__prof_capture_t *c = tern__prof_tl_capture;
+    if (c != NULL) {
+        pthread_mutex_lock(&c->lock);
+        tern__prof_rec_t *r = capture_add(c);
+        size_t i = c->n - 1;
+        if (r != NULL) {
+            tern__prof_rec_set_name(r, name);
+            r->kind = (uint16_t)kind;
+            r->tid = tern__prof_tid();
+            r->node = tern__prof_session_node();
+            r->id = tern__prof_new_id();
+            r->mem = tl_mem;
+            r->start = now();
+        }
+        pthread_mutex_unlock(&c->lock);
+        return r != NULL ? (H_CAPTURE | ((uint64_t)i + 1)) : 0;
+    }
+    if (!atomic_load_explicit(&tern__prof_on, memory_order_relaxed))
+        return 0;
+    tern__prof_buf_t *b = buf_get();
+    size_t i;
+    tern__prof_rec_t *r = b != NULL ? buf_append(b, &i) : NULL;
+    if (r == NULL)
+        return 0;
+    tern__prof_rec_set_name(r, name);
+    r->kind = (uint16_t)kind;
+    r->tid = b->tid;
+    r->node = -1; /* this process: filled in at stop */
+    r->mem = tl_mem;
+    r->start = now();
+    buf_publish(b, i);
+    return (uint64_t)b->gen << 32 | (uint64_t)(i + 1);
+}
+
+static tern__prof_rec_t *range_rec(tern_prof_range_t h, tern__prof_capture_t **locked)
+{
+    *locked = NULL;
+    if (h == 0)
+        return NULL;
+    if (h & H_CAPTURE) {
+        tern__prof_capture_t *c = tern__prof_tl_capture;
+        size_t i = (size_t)(h & 0xffffffffu) - 1;
+        if (c == NULL)
+            return NULL;
+        pthread_mutex_lock(&c->lock);
+        if (i >= c->n) {
+            pthread_mutex_unlock(&c->lock);
+            return NULL;
+        }
+        *locked = c;
+        return &c->recs[i];
+    }
+    tern__prof_buf_t *b = tl_buf;
+    size_t i = (size_t)(h & 0xffffffffu) - 1;
+    if (b == NULL || b->gen != (unsigned)(h >> 32) ||
+        i >= atomic_load_explicit(&b->count, memory_order_relaxed))
+        return NULL;
+    return tern__prof_buf_at(b, i);
+}
+
+tern_prof_range_t tern_prof_range_begin(const char *name)
+{
+    if (!tern__prof_recording() || name == NULL)
+        return 0;
+    return range_begin(name, TERN_PROF_KIND_RANGE);
+}
+
+tern_prof_range_t tern__prof_begin(const char *name, unsigned kind)
+{
+    if (!tern__prof_recording())
+        return 0;
+    return range_begin(name, kind);
+}
+
+void tern_prof_range_end(tern_prof_range_t h)
+{
+    if (h == 0)
+        return;
+    int64_t t = now();
+    tern__prof_capture_t *locked;
+    tern__prof_rec_t *r = range_rec(h, &locked);
+    if (r != NULL) {
+        r->mem = tl_mem - r->mem;
+        atomic_store_explicit(&r->end, t, memory_order_release);
+    }
+    if (locked != NULL)
+        pthread_mutex_unlock(&locked->lock);
+}
+
+void tern_prof_range_bytes(tern_prof_range_t h, uint64_t bytes)
+{
+    tern__prof_capture_t *locked;
+    tern__prof_rec_t *r = range_rec(h, &locked);
+    if (r != NULL)
+        r->bytes += bytes;
+    if (locked != NULL)
+        pthread_mutex_unlock(&locked->lock);
+}
+
+void tern__prof_alloc(int64_t bytes)
+{
+    tl_mem += bytes;
+}
+
+unsigned tern__prof_flags(void)
+{
+    tern__prof_capture_t *c = tern__prof_tl_capture;
+    if (c != NULL)
+        return c->cfg;
+    if (atomic_load_explicit(&tern__prof_on, memory_order_relaxed))
+        return tern__prof_session.flags;
+    return 0;
+}
+
+uint32_t tern__prof_imm_bits(void)
+{
+    if (!tern__prof_recording())
+        return 0;
+    return TERN_IMM_PROF | (tern__prof_flags() & TERN_IMM_PROF_CFG_MASK) << TERN_IMM_PROF_CFG_SHIFT;
+}
+
+/* ---- operations that end elsewhere ---- */
+
+void tern__prof_op_begin(tern__prof_op_t *op, struct tern__comm *comm, int peer, unsigned kind,
+                         const char *fmt, ...)
+{
+    op->name = NULL;
+    if (!tern__prof_recording())
+        return;
+    char name[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(name, sizeof(name), fmt, ap);
+    va_end(ap);
+    op->capture = tern__prof_tl_capture;
+    if (op->capture == NULL && tern__prof_session.first_contact != NULL)
+        tern__prof_session.first_contact(comm, peer);
+    op->name = strdup(name);
+    if (op->name == NULL)
+        return;
+    if (op->capture != NULL)
+        capture_get(op->capture);
+    op->peer = peer;
+    op->kind = kind;
+    op->tid = tern__prof_tid();
+    op->id = tern__prof_new_id();
+    op->start = now();
+}
+
+void tern__prof_op_drop(tern__prof_op_t *op)
+{
+    free(op->name);
+    op->name = NULL;
+    tern__prof_capture_put(op->capture);
+    op->capture = NULL;
+}
+
+/* Wire form of events (little-endian), after a 8-byte head (count, dropped):
+ *  0 i64 start   8 i64 end   16 u64 bytes   24 i64 mem   32 u64 tid
+ * 40 u64 id     48 u64 parent 56 i32 node   60 u16 kind  62 u16 name length
+ * 64 u16 shapes length, then name and shapes. */
+#define EV_FIXED 66
+
+static size_t rec_wire_size(const tern__prof_rec_t *r)
+{
+    return EV_FIXED + strlen(tern__prof_rec_name(r)) + (r->shapes ? strlen(r->shapes) : 0);
+}
+
+static uint8_t *put_rec(uint8_t *p, const tern__prof_rec_t *r)
+{
+    const char *name = tern__prof_rec_name(r);
+    size_t nl = strlen(name), sl = r->shapes ? strlen(r->shapes) : 0;
+    tern__put_le64(p, (uint64_t)r->start);
+    tern__put_le64(p + 8, (uint64_t)atomic_load_explicit(&r->end, memory_order_relaxed));
+    tern__put_le64(p + 16, r->bytes);
+    tern__put_le64(p + 24, (uint64_t)r->mem);
+    tern__put_le64(p + 32, r->tid);
+    tern__put_le64(p + 40, r->id);
+    tern__put_le64(p + 48, r->parent);
+    tern__put_le32(p + 56, (uint32_t)r->node);
+    tern__put_le16(p + 60, r->kind);
+    tern__put_le16(p + 62, (uint16_t)nl);
+    tern__put_le16(p + 64, (uint16_t)sl);
+    memcpy(p + EV_FIXED, name, nl);
+    if (sl)
+        memcpy(p + EV_FIXED + nl, r->shapes, sl);
+    return p + EV_FIXED + nl + sl;
+}
+
+size_t tern__prof_capture_size(tern__prof_capture_t *c)
+{
+    size_t size = 8;
+    pthread_mutex_lock(&c->lock);
+    for (size_t i = 0; i < c->n; i++)
+        size += rec_wire_size(&c->recs[i]);
+    pthread_mutex_unlock(&c->lock);
+    return size;
+}
+
+size_t tern__prof_capture_encode(tern__prof_capture_t *c, uint8_t *buf, size_t room)
+{
+    if (room < 8)
+        return 0;
+    uint8_t *p = buf + 8;
+    uint32_t n = 0, dropped;
+    int64_t t = now();
+    pthread_mutex_lock(&c->lock);
+    dropped = c->dropped;
+    for (size_t i = 0; i < c->n; i++) {
+        tern__prof_rec_t *r = &c->recs[i];
+        /* A range the handler left open ends with the reply. */
+        if (atomic_load_explicit(&r->end, memory_order_relaxed) == 0)
+            atomic_store_explicit(&r->end, t, memory_order_relaxed);
+        size_t need = rec_wire_size(r);
+        if ((size_t)(p - buf) + need > room) {
+            dropped++;
+            continue;
+        }
+        p = put_rec(p, r);
+        n++;
+    }
+    pthread_mutex_unlock(&c->lock);
+    tern__put_le32(buf, n);
+    tern__put_le32(buf + 4, dropped);
+    return (size_t)(p - buf);
+}
+
+tern_status_t tern__prof_decode(const uint8_t *p, size_t len, uint32_t *dropped,
+                                tern_status_t (*fn)(tern__prof_rec_t *r, void *arg), void *arg)
+{
+    if (len < 8)
+        return TERN_ERR_PROTOCOL;
+    uint32_t n = tern__get_le32(p);
+    *dropped = tern__get_le32(p + 4);
+    const uint8_t *end = p + len;
+    p += 8;
+    for (uint32_t i = 0; i < n; i++) {
+        if ((size_t)(end - p) < EV_FIXED)
+            return TERN_ERR_PROTOCOL;
+        size_t nl = tern__get_le16(p + 62), sl = tern__get_le16(p + 64);
+        if ((size_t)(end - p) < EV_FIXED + nl + sl)
+            return TERN_ERR_PROTOCOL;
+        tern__prof_rec_t r;
+        memset(&r, 0, sizeof(r));
+        r.start = (int64_t)tern__get_le64(p);
+        atomic_store_explicit(&r.end, (int64_t)tern__get_le64(p + 8), memory_order_relaxed);
+        r.bytes = tern__get_le64(p + 16);
+        r.mem = (int64_t)tern__get_le64(p + 24);
+        r.tid = tern__get_le64(p + 32);
+        r.id = tern__get_le64(p + 40);
+        r.parent = tern__get_le64(p + 48);
+        r.node = (int32_t)tern__get_le32(p + 56);
+        r.kind = tern__get_le16(p + 60);
+        char name[1024];
+        size_t cut = nl < sizeof(name) ? nl : sizeof(name) - 1;
+        memcpy(name, p + EV_FIXED, cut);
+        name[cut] = '\0';
+        tern__prof_rec_set_name(&r, name);
+        if (sl > 0 && (r.shapes = malloc(sl + 1)) != NULL) {
+            memcpy(r.shapes, p + EV_FIXED + nl, sl);
+            r.shapes[sl] = '\0';
+        }
+        tern_status_t st = fn(&r, arg);
+        if (st != TERN_OK) {
+            tern__prof_rec_clear(&r);
+            return st;
+        }
+        p += EV_FIXED + nl + sl;
+    }
+    return TERN_OK;
+}
+
+/* Where op's event and its remote ones go: into the capture it was issued
+ * under (a nested call), else this thread's session buffer. */
+typedef struct file_ctx {
+    tern__prof_op_t *op;
+    tern__prof_buf_t *buf;
+} file_ctx_t;
+
+static tern_status_t file_rec(tern__prof_rec_t *r, void *arg)
+{
+    file_ctx_t *f = arg;
+    tern__prof_rec_t *dst;
+    size_t i = 0;
+    if (f->op->capture != NULL) {
+        dst = capture_add(f->op->capture);
+    } else {
+        dst = f->buf != NULL ? buf_append(f->buf, &i) : NULL;
+    }
+    if (dst == NULL) {
+        tern__prof_rec_clear(r);
+        return TERN_OK;
+    }
+    *dst = *r; /* moves the strings */
+    atomic_store_explicit(&dst->end, atomic_load_explicit(&r->end, memory_order_relaxed),
+                          memory_order_relaxed);
+    if (f->op->capture == NULL)
+        buf_publish(f->buf, i);
+    return TERN_OK;
+}
+
+typedef struct remote_ctx {
+    file_ctx_t file;
+    uint64_t op_id;
+} remote_ctx_t;
+
+/* A remote event: prefixed with its call's name, and a child of it unless it
+ * has a parent there already (a nested call's own remote events). */
+static tern_status_t file_remote(tern__prof_rec_t *r, void *arg)
+{
+    remote_ctx_t *rc = arg;
+    char name[1024];
+    snprintf(name, sizeof(name), "%s#remote_op: %s", rc->file.op->name, tern__prof_rec_name(r));
+    if (r->flags & TERN__REC_NAME_HEAP)
+        free(r->name.heap);
+    r->flags = TERN__REC_REMOTE;
+    tern__prof_rec_set_name(r, name);
+    r->flags |= TERN__REC_REMOTE;
+    if (r->parent == 0)
+        r->parent = rc->op_id;
+    return file_rec(r, &rc->file);
+}
+
+void tern__prof_op_end(tern__prof_op_t *op, uint64_t bytes, const uint8_t *events, size_t len)
+{
+    if (op->name == NULL)
+        return;
+    int64_t t = now();
+    tern__prof_rec_t r;
+    memset(&r, 0, sizeof(r));
+    tern__prof_rec_set_name(&r, op->name);
+    r.start = op->start;
+    atomic_store_explicit(&r.end, t, memory_order_relaxed);
+    r.bytes = bytes;
+    r.kind = (uint16_t)op->kind;
+    r.flags |= TERN__REC_ASYNC;
+    r.tid = op->tid;
+    r.id = op->id;
+    r.node = op->capture != NULL ? tern__prof_session_node() : -1;
+    file_ctx_t f = {.op = op};
+    if (op->capture != NULL) {
+        pthread_mutex_lock(&op->capture->lock);
+    } else if (!atomic_load_explicit(&tern__prof_on, memory_order_relaxed) ||
+               (f.buf = buf_get()) == NULL) {
+        /* The session ended while the call was out. */
+        tern__prof_rec_clear(&r);
+        tern__prof_op_drop(op);
+        return;
+    }
+    file_rec(&r, &f);
+    if (events != NULL && len > 0) {
+        uint32_t dropped = 0;
+        remote_ctx_t rc = {.file = f, .op_id = op->id};
+        if (tern__prof_decode(events, len, &dropped, file_remote, &rc) != TERN_OK)
+            tern_warn("prof: malformed events in the reply to %s", op->name);
+        if (dropped > 0)
+            tern_warn("prof: %s: the target dropped %u events (more than a reply holds)", op->name,
+                      dropped);
+    }
+    if (op->capture != NULL)
+        pthread_mutex_unlock(&op->capture->lock);
+    tern__prof_op_drop(op);
+}
+
+/* ---- shapes ---- */
+
+void tern__prof_shapes(char *buf, size_t size, const void *tensors, size_t n)
+{
+    const tern_tensor_t *t = tensors;
+    size_t off = 0;
+#define PUT(...)                                                                \
+    do {                                                                        \
+        int k = snprintf(buf + off, off < size ? size - off : 0, __VA_ARGS__); \
+        if (k > 0)                                                              \
+            off += (size_t)k;                                                   \
+    } while (0)
+    if (size == 0)
+        return;
+    buf[0] = '\0';
+    PUT("[");
+    for (size_t i = 0; i < n; i++) {
+        PUT("%s[", i ? ", " : "");
+        for (int d = 0; d < t[i].ndim; d++)
+            PUT("%s%" PRId64, d ? ", " : "", t[i].shape[d]);
+        PUT("]");
+    }
+    PUT("]");
+#undef PUT
+}
+
+/* ---- the receiving end of the clock ping-pong ---- */
+
+tern__prof_ping_t tern__prof_ping;
+
+void tern__prof_clock_pong(struct tern__comm *comm, int src, uint64_t seq, int64_t t_remote)
+{
+    (void)comm;
+    int64_t t = tern_prof_clock_ns();
+    if (src != atomic_load_explicit(&tern__prof_ping.peer, memory_order_acquire) ||
+        seq != atomic_load_explicit(&tern__prof_ping.seq, memory_order_acquire))
+        return; /* an answer to a ping that was given up on */
+    tern__prof_ping.t_recv = t;
+    tern__prof_ping.t_remote = t_remote;
+    atomic_store_explicit(&tern__prof_ping.done, 1, memory_order_release);
+}
+
+void tern__prof_set_rank(int rank)
+{
+    tern__prof_session.rank = rank;
+}
+
+void tern__prof_peer_lost(int peer)
+{
+    if (peer == atomic_load_explicit(&tern__prof_ping.peer, memory_order_acquire))
+        atomic_store_explicit(&tern__prof_ping.done, -1, memory_order_release);
+}
