@@ -502,6 +502,9 @@ tern_status_t tern__coll_start(tern__coll_t *c, tern_request_t **req)
         tern__coll_discard(c);
         return st;
     }
+    /* Profiled from here to the request's completion (outside the lock: a
+     * profiler op may measure clocks). */
+    tern__prof_op_begin(&c->req.prof, comm, -1, TERN_PROF_KIND_COLL, "%s", c->op_name);
     c->last_move = tern_clock_ns();
     atomic_flag_test_and_set(&c->busy);
     pthread_mutex_lock(&comm->lock);

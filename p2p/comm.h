@@ -17,6 +17,8 @@
 #include <tern/store.h>
 #include <tern/transport.h>
 
+#include "prof/prof.h"
+
 typedef struct tern__comm tern__comm_t;
 
 /* A handler for one immediate class, called under the comm lock. */
@@ -45,6 +47,7 @@ struct tern_request {
     int ops;                   /* transport operations in flight that name this request */
     bool released;             /* the user has waited on it: free once ops is 0 */
     void *coll;                /* REQ_COLL: the collective's state */
+    tern__prof_op_t prof;      /* profiled: from post to completion */
 };
 
 /* A message that arrived before its receive was posted. */

@@ -769,18 +769,50 @@ static tern__comm_t *comm_of(tern_ctx_t *ctx)
     return comm;
 }
 
+/* A profiled request's event runs from its post to its completion; one that
+ * completed as it was posted (an eager send) ends here. */
+static void prof_attach(tern__comm_t *comm, tern_request_t *req, tern__prof_op_t *op)
+{
+    pthread_mutex_lock(&comm->lock);
+    if (atomic_load_explicit(&req->done, memory_order_acquire)) {
+        pthread_mutex_unlock(&comm->lock);
+        tern__prof_op_end(op, req->kind == REQ_RECV ? req->info.len : req->len, NULL, 0);
+        return;
+    }
+    req->prof = *op;
+    pthread_mutex_unlock(&comm->lock);
+}
+
 tern_status_t tern_isend(tern_ctx_t *ctx, const void *buf, size_t len, int dst, int tag,
                          tern_request_t **req)
 {
     tern__comm_t *comm = comm_of(ctx);
-    return comm ? tern__p2p_isend(comm, 0, buf, len, dst, tag, req) : TERN_ERR_INVALID_PARAM;
+    if (comm == NULL)
+        return TERN_ERR_INVALID_PARAM;
+    tern__prof_op_t op;
+    tern__prof_op_begin(&op, comm, dst, TERN_PROF_KIND_P2P, "isend");
+    tern_status_t st = tern__p2p_isend(comm, 0, buf, len, dst, tag, req);
+    if (op.name != NULL && st == TERN_OK)
+        prof_attach(comm, *req, &op);
+    else
+        tern__prof_op_drop(&op);
+    return st;
 }
 
 tern_status_t tern_irecv(tern_ctx_t *ctx, void *buf, size_t cap, int src, int tag,
                          tern_request_t **req)
 {
     tern__comm_t *comm = comm_of(ctx);
-    return comm ? tern__p2p_irecv(comm, 0, buf, cap, src, tag, req) : TERN_ERR_INVALID_PARAM;
+    if (comm == NULL)
+        return TERN_ERR_INVALID_PARAM;
+    tern__prof_op_t op;
+    tern__prof_op_begin(&op, comm, src, TERN_PROF_KIND_P2P, "irecv");
+    tern_status_t st = tern__p2p_irecv(comm, 0, buf, cap, src, tag, req);
+    if (op.name != NULL && st == TERN_OK)
+        prof_attach(comm, *req, &op);
+    else
+        tern__prof_op_drop(&op);
+    return st;
 }
 
 /*
@@ -838,12 +870,29 @@ tern_status_t tern__p2p_recv(tern__comm_t *comm, uint32_t cid, void *buf, size_t
 tern_status_t tern_send(tern_ctx_t *ctx, const void *buf, size_t len, int dst, int tag)
 {
     tern__comm_t *comm = comm_of(ctx);
-    return comm ? tern__p2p_send(comm, 0, buf, len, dst, tag) : TERN_ERR_INVALID_PARAM;
+    if (comm == NULL)
+        return TERN_ERR_INVALID_PARAM;
+    tern_prof_range_t r = tern__prof_begin("send", TERN_PROF_KIND_P2P);
+    tern_status_t st = tern__p2p_send(comm, 0, buf, len, dst, tag);
+    if (r != 0) {
+        tern_prof_range_bytes(r, st == TERN_OK ? len : 0);
+        tern_prof_range_end(r);
+    }
+    return st;
 }
 
 tern_status_t tern_recv(tern_ctx_t *ctx, void *buf, size_t cap, int src, int tag,
                         tern_msg_info_t *info)
 {
     tern__comm_t *comm = comm_of(ctx);
-    return comm ? tern__p2p_recv(comm, 0, buf, cap, src, tag, info) : TERN_ERR_INVALID_PARAM;
+    if (comm == NULL)
+        return TERN_ERR_INVALID_PARAM;
+    tern_prof_range_t r = tern__prof_begin("recv", TERN_PROF_KIND_P2P);
+    tern_msg_info_t mine;
+    tern_status_t st = tern__p2p_recv(comm, 0, buf, cap, src, tag, info ? info : &mine);
+    if (r != 0) {
+        tern_prof_range_bytes(r, st == TERN_OK ? (info ? info : &mine)->len : 0);
+        tern_prof_range_end(r);
+    }
+    return st;
 }

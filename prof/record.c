@@ -454,7 +454,7 @@ uint32_t tern__prof_imm_bits(void)
 void tern__prof_op_begin(tern__prof_op_t *op, struct tern__comm *comm, int peer, unsigned kind,
                          const char *fmt, ...)
 {
-    op->name = NULL;
+    memset(op, 0, sizeof(*op));
     if (!tern__prof_recording())
         return;
     char name[512];

@@ -687,7 +687,7 @@ tern_status_t tern_prof_table_print(const tern_prof_table_t *t, FILE *out,
                  self_total ? 100.0 * (double)r->self_ns / (double)self_total : 0.0);
         /* A call's span is wall time spent waiting, not CPU of this
          * process: as a share of the CPU total it would mean nothing. */
-        if (r->kind == TERN_PROF_KIND_RPC)
+        if (r->kind == TERN_PROF_KIND_RPC || r->kind == TERN_PROF_KIND_COLL)
             snprintf(tp, sizeof(tp), "-");
         else
             snprintf(tp, sizeof(tp), "%.2f%%",
