@@ -32,10 +32,13 @@ configure: deps
 build: configure
 	cmake --build $(BUILD) -j $(JOBS)
 
-# The main job: a 2-rank latency and bandwidth sweep over the default transport.
+# The main job: a 2-rank latency and bandwidth sweep over the default
+# transport, then the RPC profiling recipe (examples/rpc_profile.c): its
+# tables, and a chrome trace in $(BUILD)/trace.json.
 demo: build
 	$(BUILD)/tools/tern-run -n 2 --no-prefix --timeout 5m $(BUILD)/perf/tern-perf lat --max-size 1M
 	$(BUILD)/tools/tern-run -n 2 --no-prefix --timeout 5m $(BUILD)/perf/tern-perf bw --min-size 1k --max-size 4M
+	$(BUILD)/tools/tern-run -n 2 --no-prefix --timeout 2m $(BUILD)/examples/tern-rpc-profile $(BUILD)/trace.json
 
 check: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) $(CTEST_FLAGS)

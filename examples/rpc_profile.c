@@ -9,6 +9,7 @@
  *      makes two random tensors and adds and multiplies them (each step a
  *      profiler range), and prints that table: the call's CPU total is a
  *      little over 1 s;
+ *      (checked: exit 1 if not);
  *   3. exports the second session as a chrome trace (chrome://tracing or
  *      https://ui.perfetto.dev), worker1's events on worker0's clock.
  *
@@ -144,6 +145,25 @@ int main(int argc, char **argv)
         TRY(tern_prof_stop());
         print_table();
         tern_future_free(f);
+        /* What the recipe says of this table, checked: the call took a little
+         * over the function's 1 s sleep, and the function ran on node 1. */
+        const tern_prof_event_t *ev;
+        size_t nev;
+        int64_t call_ns = 0, udf_ns = 0;
+        TRY(tern_prof_events(&ev, &nev));
+        for (size_t i = 0; i < nev; i++) {
+            if (strcmp(ev[i].name, "rpc_async#udf_with_ops(worker0 -> worker1)") == 0)
+                call_ns = ev[i].end_ns - ev[i].start_ns;
+            if (ev[i].node == 1 &&
+                strcmp(ev[i].name, "rpc_async#udf_with_ops(worker0 -> worker1)#remote_op: "
+                                   "udf_with_ops") == 0)
+                udf_ns = ev[i].end_ns - ev[i].start_ns;
+        }
+        if (call_ns < 1000000000 || udf_ns < 1000000000 || udf_ns > call_ns) {
+            fprintf(stderr, "worker0: expected the call (%lld ns) to span the 1 s function on "
+                            "node 1 (%lld ns)\n", (long long)call_ns, (long long)udf_ns);
+            return 1;
+        }
 
         TRY(tern_prof_export_chrome_trace(trace));
         printf("Wrote trace to %s\n", trace);

@@ -39,8 +39,10 @@ unsigned tern__prof_flags(void);
 /* A range of one of tern's own kinds (tern_prof_kind); 0 when not recording. */
 tern_prof_range_t tern__prof_begin(const char *name, unsigned kind);
 
-/* Count bytes tern allocates for the ranges open on this thread. */
+/* Count bytes tern allocates for the ranges open on this thread (when
+ * memory is profiled), and the running count. */
 void tern__prof_alloc(int64_t bytes);
+int64_t tern__prof_mem_now(void);
 
 /*
  * An operation that completes on another thread than the one that started
@@ -76,7 +78,7 @@ void tern__prof_capture_put(tern__prof_capture_t *cap);
 tern__prof_capture_t *tern__prof_capture_enter(tern__prof_capture_t *cap);
 /* Record the handler's own event into cap. */
 void tern__prof_capture_handler(tern__prof_capture_t *cap, const char *name, int64_t start,
-                                int64_t end, const char *shapes);
+                                int64_t end, int64_t mem, const char *shapes);
 /* Wire size of cap's events, and write them (at most room bytes; events
  * that do not fit are counted as dropped). Returns the bytes written. */
 size_t tern__prof_capture_size(tern__prof_capture_t *cap);

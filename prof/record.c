@@ -300,7 +300,7 @@ static tern__prof_rec_t *capture_add(tern__prof_capture_t *c)
 }
 
 void tern__prof_capture_handler(tern__prof_capture_t *c, const char *name, int64_t start,
-                                int64_t end, const char *shapes)
+                                int64_t end, int64_t mem, const char *shapes)
 {
     if (c == NULL)
         return;
@@ -311,6 +311,7 @@ void tern__prof_capture_handler(tern__prof_capture_t *c, const char *name, int64
         r->start = start;
         atomic_store_explicit(&r->end, end, memory_order_relaxed);
         r->kind = TERN_PROF_KIND_HANDLER;
+        r->mem = mem;
         r->tid = tern__prof_tid();
         r->node = tern__prof_session_node();
         r->id = tern__prof_new_id();
@@ -429,7 +430,13 @@ void tern_prof_range_bytes(tern_prof_range_t h, uint64_t bytes)
 
 void tern__prof_alloc(int64_t bytes)
 {
-    tl_mem += bytes;
+    if (tern__prof_flags() & TERN_PROF_MEMORY)
+        tl_mem += bytes;
+}
+
+int64_t tern__prof_mem_now(void)
+{
+    return tl_mem;
 }
 
 unsigned tern__prof_flags(void)

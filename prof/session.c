@@ -668,13 +668,15 @@ tern_status_t tern_prof_table_print(const tern_prof_table_t *t, FILE *out,
     }
     int ncols = 7 + (mem ? 2 : 0) + (shapes ? 1 : 0);
     rule(out, namew, ncols);
-    fprintf(out, "%-*s  %-15s  %-15s  %-15s  %-15s  %-15s  %-15s  %-15s", namew, "Name",
+    /* The last column unpadded: no trailing blanks. */
+    int nodew = mem || shapes ? 15 : 0, memw = shapes ? 15 : 0;
+    fprintf(out, "%-*s  %-15s  %-15s  %-15s  %-15s  %-15s  %-15s  %-*s", namew, "Name",
             "Self CPU total %", "Self CPU total", "CPU total %", "CPU total", "CPU time avg",
-            "Number of Calls", "Node ID");
+            "Number of Calls", nodew, "Node ID");
     if (mem)
-        fprintf(out, "  %-15s  %-15s", "Self CPU Mem", "CPU Mem");
+        fprintf(out, "  %-15s  %-*s", "Self CPU Mem", memw, "CPU Mem");
     if (shapes)
-        fprintf(out, "  %-15s", "Input Shapes");
+        fprintf(out, "  %s", "Input Shapes");
     fputc('\n', out);
     rule(out, namew, ncols);
     for (size_t i = 0; i < n; i++) {
@@ -692,13 +694,13 @@ tern_status_t tern_prof_table_print(const tern_prof_table_t *t, FILE *out,
         else
             snprintf(tp, sizeof(tp), "%.2f%%",
                      self_total ? 100.0 * (double)r->total_ns / (double)self_total : 0.0);
-        fprintf(out, "%-*s  %-15s  %-15s  %-15s  %-15s  %-15s  %-15" PRIu64 "  %-15d", namew,
-                r->name, sp, self, tp, total, avg, r->calls, r->node);
+        fprintf(out, "%-*s  %-15s  %-15s  %-15s  %-15s  %-15s  %-15" PRIu64 "  %-*d", namew,
+                r->name, sp, self, tp, total, avg, r->calls, nodew, r->node);
         if (mem) {
             char a[32], b[32];
             fmt_mem(a, sizeof(a), r->self_mem);
             fmt_mem(b, sizeof(b), r->total_mem);
-            fprintf(out, "  %-15s  %-15s", a, b);
+            fprintf(out, "  %-15s  %-*s", a, memw, b);
         }
         if (shapes)
             fprintf(out, "  %s", r->shapes);

@@ -261,6 +261,8 @@ static size_t pad8(size_t n)
 /* Payload memory: cache-line aligned, whole lines (aligned_alloc's rule), never NULL for 0. */
 static void *alloc64(size_t n)
 {
+    if (tern__prof_recording())
+        tern__prof_alloc((int64_t)n);
     return aligned_alloc(64, n == 0 ? 64 : (n + 63) & ~(size_t)63);
 }
 
@@ -1462,7 +1464,7 @@ static void run_call(void *arg)
     rpc_t *outer = tl_handler; /* a wait may run another handler inside this one */
     tl_handler = rpc;
     tern__prof_capture_t *outer_cap = tern__prof_capture_enter(c->prof);
-    int64_t t0 = c->prof != NULL ? tern_prof_clock_ns() : 0;
+    int64_t t0 = c->prof != NULL ? tern_prof_clock_ns() : 0, m0 = tern__prof_mem_now();
     if (c->entry->ctor != NULL)
         st = c->entry->ctor(c, &c->made->obj);
     else
@@ -1471,7 +1473,8 @@ static void run_call(void *arg)
         char shapes[512] = "";
         if (tern__prof_flags() & TERN_PROF_SHAPES)
             tern__prof_shapes(shapes, sizeof(shapes), c->args, c->value.ntensors);
-        tern__prof_capture_handler(c->prof, c->name, t0, tern_prof_clock_ns(), shapes);
+        tern__prof_capture_handler(c->prof, c->name, t0, tern_prof_clock_ns(),
+                                   tern__prof_mem_now() - m0, shapes);
     }
     tern__prof_capture_enter(outer_cap);
     tl_handler = outer;
