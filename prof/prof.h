@@ -26,7 +26,8 @@ extern _Thread_local tern__prof_capture_t *tern__prof_tl_capture;
 /* Whether this thread records now: a session, or a profiled handler. */
 static inline bool tern__prof_recording(void)
 {
-    return atomic_load_explicit(&tern__prof_on, memory_order_relaxed) != 0 ||
+    /* acquire: what start wrote before turning it on is seen after */
+    return atomic_load_explicit(&tern__prof_on, memory_order_acquire) != 0 ||
            tern__prof_tl_capture != NULL;
 }
 

@@ -173,7 +173,7 @@ void tern__prof_buf_reset(tern__prof_buf_t *b)
     for (size_t i = 0; i < n; i++)
         tern__prof_rec_clear(tern__prof_buf_at(b, i));
     atomic_store_explicit(&b->count, 0, memory_order_release);
-    b->dropped = 0;
+    atomic_store_explicit(&b->dropped, 0, memory_order_relaxed);
 }
 
 tern__prof_rec_t *tern__prof_buf_at(tern__prof_buf_t *b, size_t i)
@@ -187,13 +187,13 @@ static tern__prof_rec_t *buf_append(tern__prof_buf_t *b, size_t *index)
     size_t n = atomic_load_explicit(&b->count, memory_order_relaxed);
     size_t c = n / TERN__PROF_CHUNK;
     if (c >= TERN__PROF_CHUNKS) {
-        b->dropped++;
+        atomic_fetch_add_explicit(&b->dropped, 1, memory_order_relaxed);
         return NULL;
     }
     if (b->chunks[c] == NULL) {
         tern__prof_rec_t *chunk = calloc(TERN__PROF_CHUNK, sizeof(*chunk));
         if (chunk == NULL) {
-            b->dropped++;
+            atomic_fetch_add_explicit(&b->dropped, 1, memory_order_relaxed);
             return NULL;
         }
         b->chunks[c] = chunk;
@@ -346,7 +346,7 @@ static tern_prof_range_t range_begin(const char *name, unsigned kind)
         pthread_mutex_unlock(&c->lock);
         return r != NULL ? (H_CAPTURE | ((uint64_t)i + 1)) : 0;
     }
-    if (!atomic_load_explicit(&tern__prof_on, memory_order_relaxed))
+    if (!atomic_load_explicit(&tern__prof_on, memory_order_acquire))
         return 0;
     tern__prof_buf_t *b = buf_get();
     size_t i;
@@ -444,8 +444,8 @@ unsigned tern__prof_flags(void)
     tern__prof_capture_t *c = tern__prof_tl_capture;
     if (c != NULL)
         return c->cfg;
-    if (atomic_load_explicit(&tern__prof_on, memory_order_relaxed))
-        return tern__prof_session.flags;
+    if (atomic_load_explicit(&tern__prof_on, memory_order_acquire))
+        return atomic_load_explicit(&tern__prof_session.flags, memory_order_relaxed);
     return 0;
 }
 
@@ -470,8 +470,9 @@ void tern__prof_op_begin(tern__prof_op_t *op, struct tern__comm *comm, int peer,
     vsnprintf(name, sizeof(name), fmt, ap);
     va_end(ap);
     op->capture = tern__prof_tl_capture;
-    if (op->capture == NULL && tern__prof_session.first_contact != NULL)
-        tern__prof_session.first_contact(comm, peer);
+    tern__prof_contact_fn contact = atomic_load(&tern__prof_session.first_contact);
+    if (op->capture == NULL && contact != NULL)
+        contact(comm, peer);
     op->name = strdup(name);
     if (op->name == NULL)
         return;
@@ -743,7 +744,7 @@ void tern__prof_clock_pong(struct tern__comm *comm, int src, uint64_t seq, int64
 
 void tern__prof_set_rank(int rank)
 {
-    tern__prof_session.rank = rank;
+    atomic_store(&tern__prof_session.rank, rank);
 }
 
 void tern__prof_peer_lost(int peer)

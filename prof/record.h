@@ -43,25 +43,27 @@ typedef struct tern__prof_buf {
     struct tern__prof_buf *next;
     tern__prof_rec_t *chunks[TERN__PROF_CHUNKS];
     atomic_size_t count;
-    uint64_t dropped;
+    atomic_uint_fast64_t dropped;
     uint64_t tid;
     unsigned gen;
     bool orphan; /* its thread has exited */
 } tern__prof_buf_t;
 
+typedef void (*tern__prof_contact_fn)(struct tern__comm *comm, int peer);
+
 typedef struct tern__prof_session {
-    atomic_uint gen; /* bumped by every start */
-    unsigned flags;
-    int rank; /* this process's node id */
+    atomic_uint gen;   /* bumped by every start */
+    atomic_uint flags; /* tern_prof_flag bits */
+    atomic_int rank;   /* this process's node id */
     /* The first profiled call to a peer in this session (session.c). */
-    void (*first_contact)(struct tern__comm *comm, int peer);
+    _Atomic(tern__prof_contact_fn) first_contact;
 } tern__prof_session_t;
 
 extern tern__prof_session_t tern__prof_session;
 
 static inline int tern__prof_session_node(void)
 {
-    return tern__prof_session.rank;
+    return atomic_load_explicit(&tern__prof_session.rank, memory_order_relaxed);
 }
 
 /* The one ping in flight in this process (session.c sends, p2p delivers). */

@@ -249,9 +249,9 @@ tern_status_t tern_prof_start(tern_ctx_t *ctx, const tern_prof_config_t *config)
 
     tern__prof_load_skew();
     tern__prof_each_buf(drop_old, NULL);
-    tern__prof_session.flags = flags;
-    tern__prof_session.rank = (int)comm->rank;
-    tern__prof_session.first_contact = first_contact;
+    atomic_store(&tern__prof_session.flags, flags);
+    atomic_store(&tern__prof_session.rank, (int)comm->rank);
+    atomic_store(&tern__prof_session.first_contact, first_contact);
     atomic_fetch_add(&tern__prof_session.gen, 1);
     S.t_start = tern_prof_clock_ns();
     atomic_store(&tern__prof_on, 1);
@@ -278,7 +278,7 @@ static void collect(tern__prof_buf_t *b, void *arg)
     if (b->gen != raw->gen)
         return;
     size_t n = atomic_load_explicit(&b->count, memory_order_acquire);
-    raw->dropped += b->dropped;
+    raw->dropped += atomic_load_explicit(&b->dropped, memory_order_relaxed);
     if (raw->n + n > raw->cap) {
         size_t cap = raw->cap ? raw->cap : 256;
         while (cap < raw->n + n)
@@ -293,8 +293,20 @@ static void collect(tern__prof_buf_t *b, void *arg)
     }
     for (size_t i = 0; i < n; i++) {
         tern__prof_rec_t *r = tern__prof_buf_at(b, i), *d = &raw->recs[raw->n++];
-        *d = *r; /* takes the strings: the buffer forgets them */
+        /* Field by field: the owner may still be ending an open range, whose
+         * memory count and bytes are written before its end (release). */
         int64_t end = atomic_load_explicit(&r->end, memory_order_acquire);
+        d->start = r->start;
+        d->tid = r->tid;
+        d->id = r->id;
+        d->parent = r->parent;
+        d->node = r->node;
+        d->kind = r->kind;
+        d->flags = r->flags; /* takes the strings: the buffer forgets them */
+        d->name = r->name;
+        d->shapes = r->shapes;
+        d->bytes = end != 0 ? r->bytes : 0;
+        d->mem = end != 0 ? r->mem : 0;
         /* A range still open at stop ends there. */
         atomic_store_explicit(&d->end, end != 0 ? end : raw->t_stop, memory_order_relaxed);
         r->flags = 0;
@@ -369,6 +381,7 @@ tern_status_t tern_prof_stop(void)
         pthread_mutex_unlock(&S.lock);
         return tern__error(TERN_ERR_CLOSED, "tern_prof_stop: no session is running");
     }
+    S.running = false; /* no more first contacts */
     pthread_mutex_unlock(&S.lock);
     atomic_store(&tern__prof_on, 0);
     S.t_stop = tern_prof_clock_ns();
@@ -384,15 +397,16 @@ tern_status_t tern_prof_stop(void)
         if (raw.recs[i].node >= 0 && raw.recs[i].node < S.world && raw.recs[i].node != S.rank)
             seen[raw.recs[i].node] = true;
     for (int p = 0; seen != NULL && comm != NULL && p < S.world; p++) {
-        if (!seen[p] || S.clocks[p].failed)
+        pthread_mutex_lock(&S.lock);
+        bool failed = S.clocks[p].failed;
+        pthread_mutex_unlock(&S.lock);
+        if (!seen[p] || failed)
             continue;
         if (session_estimate(comm, p) != TERN_OK)
             tern_warn("prof: rank %d's events stay on its own clock: %s", p, tern_last_error());
     }
 
     pthread_mutex_lock(&S.lock);
-    S.running = false;
-    tern__prof_session.first_contact = NULL;
     /* Results: one string block, then the events. */
     size_t strsize = 0, nused = 0;
     for (size_t i = 0; i < raw.n; i++) {
