@@ -471,7 +471,8 @@ void tern__prof_op_begin(tern__prof_op_t *op, struct tern__comm *comm, int peer,
     va_end(ap);
     op->capture = tern__prof_tl_capture;
     tern__prof_contact_fn contact = atomic_load(&tern__prof_session.first_contact);
-    if (op->capture == NULL && contact != NULL)
+    /* Only RPCs bring remote events back, and need the peer's clock. */
+    if (kind == TERN_PROF_KIND_RPC && op->capture == NULL && contact != NULL)
         contact(comm, peer);
     op->name = strdup(name);
     if (op->name == NULL)
