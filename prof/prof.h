@@ -57,6 +57,7 @@ typedef struct tern__prof_op {
     tern__prof_capture_t *capture; /* issued inside a profiled handler */
     int peer;
     unsigned kind;
+    unsigned gen; /* the session it started in: filed only into that one */
 } tern__prof_op_t;
 
 /* Start op if this thread records (name from fmt); it ends by

@@ -80,9 +80,12 @@ uint64_t tern__prof_tid(void)
     return tl_tid;
 }
 
+/* Unique across the job: events of several nodes meet in one result, and
+ * a remote event names its parent by id. */
 uint64_t tern__prof_new_id(void)
 {
-    return atomic_fetch_add_explicit(&next_id, 1, memory_order_relaxed);
+    uint64_t node = (uint64_t)(tern__prof_session_node() + 1);
+    return node << 40 | atomic_fetch_add_explicit(&next_id, 1, memory_order_relaxed);
 }
 
 /* ---- records ---- */
@@ -483,6 +486,7 @@ void tern__prof_op_begin(tern__prof_op_t *op, struct tern__comm *comm, int peer,
     op->kind = kind;
     op->tid = tern__prof_tid();
     op->id = tern__prof_new_id();
+    op->gen = atomic_load(&tern__prof_session.gen);
     op->start = now();
 }
 
@@ -497,8 +501,9 @@ void tern__prof_op_drop(tern__prof_op_t *op)
 /* Wire form of events (little-endian), after a 8-byte head (count, dropped):
  *  0 i64 start   8 i64 end   16 u64 bytes   24 i64 mem   32 u64 tid
  * 40 u64 id     48 u64 parent 56 i32 node   60 u16 kind  62 u16 name length
- * 64 u16 shapes length, then name and shapes. */
-#define EV_FIXED 66
+ * 64 u16 shapes length  66 u16 flags (TERN__REC_ASYNC), then name and shapes. */
+#define EV_FIXED 68
+#define EV_WIRE_FLAGS TERN__REC_ASYNC
 
 static size_t rec_wire_size(const tern__prof_rec_t *r)
 {
@@ -520,6 +525,7 @@ static uint8_t *put_rec(uint8_t *p, const tern__prof_rec_t *r)
     tern__put_le16(p + 60, r->kind);
     tern__put_le16(p + 62, (uint16_t)nl);
     tern__put_le16(p + 64, (uint16_t)sl);
+    tern__put_le16(p + 66, (uint16_t)(r->flags & EV_WIRE_FLAGS));
     memcpy(p + EV_FIXED, name, nl);
     if (sl)
         memcpy(p + EV_FIXED + nl, r->shapes, sl);
@@ -590,11 +596,13 @@ tern_status_t tern__prof_decode(const uint8_t *p, size_t len, uint32_t *dropped,
         r.parent = tern__get_le64(p + 48);
         r.node = (int32_t)tern__get_le32(p + 56);
         r.kind = tern__get_le16(p + 60);
+        uint16_t wflags = tern__get_le16(p + 66) & EV_WIRE_FLAGS;
         char name[1024];
         size_t cut = nl < sizeof(name) ? nl : sizeof(name) - 1;
         memcpy(name, p + EV_FIXED, cut);
         name[cut] = '\0';
         tern__prof_rec_set_name(&r, name);
+        r.flags |= wflags;
         if (sl > 0 && (r.shapes = malloc(sl + 1)) != NULL) {
             memcpy(r.shapes, p + EV_FIXED + nl, sl);
             r.shapes[sl] = '\0';
@@ -650,11 +658,12 @@ static tern_status_t file_remote(tern__prof_rec_t *r, void *arg)
     remote_ctx_t *rc = arg;
     char name[1024];
     snprintf(name, sizeof(name), "%s#remote_op: %s", rc->file.op->name, tern__prof_rec_name(r));
+    uint16_t keep = r->flags & EV_WIRE_FLAGS;
     if (r->flags & TERN__REC_NAME_HEAP)
         free(r->name.heap);
-    r->flags = TERN__REC_REMOTE;
+    r->flags = 0;
     tern__prof_rec_set_name(r, name);
-    r->flags |= TERN__REC_REMOTE;
+    r->flags |= TERN__REC_REMOTE | keep;
     if (r->parent == 0)
         r->parent = rc->op_id;
     return file_rec(r, &rc->file);
@@ -679,9 +688,9 @@ void tern__prof_op_end(tern__prof_op_t *op, uint64_t bytes, const uint8_t *event
     file_ctx_t f = {.op = op};
     if (op->capture != NULL) {
         pthread_mutex_lock(&op->capture->lock);
-    } else if (!atomic_load_explicit(&tern__prof_on, memory_order_relaxed) ||
-               (f.buf = buf_get()) == NULL) {
-        /* The session ended while the call was out. */
+    } else if (!atomic_load_explicit(&tern__prof_on, memory_order_acquire) ||
+               op->gen != atomic_load(&tern__prof_session.gen) || (f.buf = buf_get()) == NULL) {
+        /* The session it started in ended while the call was out. */
         tern__prof_rec_clear(&r);
         tern__prof_op_drop(op);
         return;

@@ -190,7 +190,9 @@ enum tern_prof_group {
 
 typedef struct tern_prof_table tern_prof_table_t;
 
-/* Group the last session's events by name and node (PyTorch's key_averages). */
+/* Group the last session's events by name and node (PyTorch's key_averages).
+ * The table's names point into the session's results: free it before the
+ * next tern_prof_start. */
 TERN_API tern_status_t tern_prof_key_averages(unsigned group, tern_prof_table_t **table);
 TERN_API void tern_prof_table_free(tern_prof_table_t *table);
 TERN_API size_t tern_prof_table_rows(const tern_prof_table_t *table);
