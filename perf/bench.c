@@ -21,7 +21,8 @@
 static const char *const names[TERN_BENCH_TEST_COUNT] = {
     "lat",       "bw",      "bibw",      "rate",           "allreduce",
     "broadcast", "reduce",  "allgather", "reduce_scatter", "alltoall",
-    "gather",    "scatter", "barrier",   "rpc"};
+    "gather",    "scatter", "barrier",   "rpc",            "clock",
+    "prof"};
 
 const char *tern_bench_name(tern_bench_test_t test)
 {
@@ -132,7 +133,7 @@ tern_status_t tern_bench_run(tern_ctx_t *ctx, const tern_bench_opts_t *opts, siz
     uint64_t *samples = NULL;
     tern_request_t **reqs = NULL;
 
-    if (world < 2 || tern_bench_is_coll(opts->test) || opts->test == TERN_BENCH_RPC)
+    if (world < 2 || tern_bench_is_coll(opts->test) || opts->test >= TERN_BENCH_RPC)
         return TERN_ERR_INVALID_PARAM;
     memset(res, 0, sizeof(*res));
     res->size = size;

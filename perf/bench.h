@@ -29,9 +29,12 @@ typedef enum tern_bench_test {
     TERN_BENCH_BARRIER = 12,
     /* RPC round trips and call rate (perf/bench_rpc.c): rows rpc_lat, rpc_rate. */
     TERN_BENCH_RPC = 13,
+    /* The profiler (perf/bench_prof.c): clock offsets, and what profiling costs. */
+    TERN_BENCH_CLOCK = 14,
+    TERN_BENCH_PROF = 15,
 } tern_bench_test_t;
 
-#define TERN_BENCH_TEST_COUNT 14
+#define TERN_BENCH_TEST_COUNT 16
 
 typedef struct tern_bench_opts {
     tern_bench_test_t test;
@@ -63,16 +66,17 @@ typedef struct tern_bench_result {
  * over every rank of ctx (pairs 0-1, 2-3, ... run at once; an odd last rank
  * idles). The result is rank 0's. buffers are allocated inside. The
  * collective tests run through tern_bench_coll_run() (perf/bench_coll.h), rpc
- * through perf/bench_rpc.h. */
+ * through perf/bench_rpc.h, clock and prof through perf/bench_prof.h. */
 tern_status_t tern_bench_run(tern_ctx_t *ctx, const tern_bench_opts_t *opts, size_t size,
                              tern_bench_result_t *result);
 
-/* Names of every test, point-to-point, collective and rpc ("lat", "allreduce"...). */
+/* Names of every test, point-to-point, collective, rpc and profiler ("lat", "allreduce"...). */
 const char *tern_bench_name(tern_bench_test_t test);
 int tern_bench_parse(const char *name, tern_bench_test_t *test);
 int tern_bench_is_coll(tern_bench_test_t test);
 
-/* The CSV header tern-perf prints with --format csv (scripts rely on it). */
+/* The CSV header tern-perf prints with --format csv (scripts rely on it); clock
+ * and prof have their own (perf/bench_prof.h). */
 #define TERN_BENCH_CSV_HEADER \
     "test,transport,mem,ranks,size,iters,lat_us_p50,lat_us_avg,lat_us_p99,bw_GBps,busbw_GBps,msg_rate"
 
