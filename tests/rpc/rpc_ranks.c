@@ -1121,8 +1121,14 @@ static void test_futures(const char *to)
     for (int i = 0; i < 4; i++)
         tern_future_free(fs[i]);
     OK(tern_rpc_async(ctx, to, "sleep_ms", &late, 0, &fs[0]));
+    uint64_t t_wait = tern_clock_ns();
     st = tern_future_wait_all(fs, 1, 20 * MS);
-    CHECK(st == TERN_ERR_TIMEOUT && tern_future_test(fs[0]) == 0, "wait_all that runs out: %s",
+    int done_now = tern_future_test(fs[0]);
+    /* A loaded machine (sanitizers, 2 cores) can return from a 20 ms wait
+     * after the 200 ms call has ended; only a prompt return proves the call
+     * was still out. */
+    bool prompt = tern_clock_ns() - t_wait < 150 * MS;
+    CHECK(st == TERN_ERR_TIMEOUT && (!prompt || done_now == 0), "wait_all that runs out: %s",
           tern_status_name(st));
     OK(tern_future_wait_all(fs, 1, -1));
     tern_future_free(fs[0]);
