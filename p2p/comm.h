@@ -50,6 +50,12 @@ struct tern_request {
     tern__prof_op_t prof;      /* profiled: from post to completion */
 };
 
+/* The bytes a request moves, as its profiler event reports them. */
+static inline size_t tern__req_bytes(const tern_request_t *req)
+{
+    return req->kind == REQ_RECV ? req->info.len : req->len;
+}
+
 /* A message that arrived before its receive was posted. */
 typedef struct unexp {
     struct unexp *next;

@@ -769,14 +769,20 @@ static tern__comm_t *comm_of(tern_ctx_t *ctx)
     return comm;
 }
 
-/* A profiled request's event runs from its post to its completion; one that
- * completed as it was posted (an eager send) ends here. */
-static void prof_attach(tern__comm_t *comm, tern_request_t *req, tern__prof_op_t *op)
+/* A profiled request's event runs from its post (st) to its completion; one
+ * that completed as it was posted (an eager send) ends here, one that failed
+ * to post is dropped. */
+static void prof_attach(tern__comm_t *comm, tern_status_t st, tern_request_t *req,
+                        tern__prof_op_t *op)
 {
+    if (op->name == NULL || st != TERN_OK) {
+        tern__prof_op_drop(op);
+        return;
+    }
     pthread_mutex_lock(&comm->lock);
     if (atomic_load_explicit(&req->done, memory_order_acquire)) {
         pthread_mutex_unlock(&comm->lock);
-        tern__prof_op_end(op, req->kind == REQ_RECV ? req->info.len : req->len, NULL, 0);
+        tern__prof_op_end(op, tern__req_bytes(req), NULL, 0);
         return;
     }
     req->prof = *op;
@@ -792,10 +798,7 @@ tern_status_t tern_isend(tern_ctx_t *ctx, const void *buf, size_t len, int dst, 
     tern__prof_op_t op;
     tern__prof_op_begin(&op, comm, dst, TERN_PROF_KIND_P2P, "isend");
     tern_status_t st = tern__p2p_isend(comm, 0, buf, len, dst, tag, req);
-    if (op.name != NULL && st == TERN_OK)
-        prof_attach(comm, *req, &op);
-    else
-        tern__prof_op_drop(&op);
+    prof_attach(comm, st, st == TERN_OK ? *req : NULL, &op);
     return st;
 }
 
@@ -808,10 +811,7 @@ tern_status_t tern_irecv(tern_ctx_t *ctx, void *buf, size_t cap, int src, int ta
     tern__prof_op_t op;
     tern__prof_op_begin(&op, comm, src, TERN_PROF_KIND_P2P, "irecv");
     tern_status_t st = tern__p2p_irecv(comm, 0, buf, cap, src, tag, req);
-    if (op.name != NULL && st == TERN_OK)
-        prof_attach(comm, *req, &op);
-    else
-        tern__prof_op_drop(&op);
+    prof_attach(comm, st, st == TERN_OK ? *req : NULL, &op);
     return st;
 }
 

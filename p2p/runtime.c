@@ -118,7 +118,7 @@ void tern__req_complete(tern_request_t *req, tern_status_t status)
 {
     req->status = status;
     if (req->prof.name != NULL) /* filed before done, as RPCs are */
-        tern__prof_op_end(&req->prof, req->kind == REQ_RECV ? req->info.len : req->len, NULL, 0);
+        tern__prof_op_end(&req->prof, tern__req_bytes(req), NULL, 0);
     atomic_store_explicit(&req->done, 1, memory_order_release);
     pthread_cond_broadcast(&req->comm->done_cv);
     if (atomic_load_explicit(&req->comm->coll_active, memory_order_relaxed) != 0)

@@ -266,6 +266,18 @@ static void *alloc64(size_t n)
     return aligned_alloc(64, n == 0 ? 64 : (n + 63) & ~(size_t)63);
 }
 
+/* Bytes the tensors hold, for the profiler's events. */
+static uint64_t tensors_bytes(const tern_tensor_t *t, size_t n)
+{
+    uint64_t bytes = 0;
+    for (size_t i = 0; t != NULL && i < n; i++) {
+        size_t nb = 0;
+        if (tern_tensor_nbytes(&t[i], &nb) == TERN_OK)
+            bytes += nb;
+    }
+    return bytes;
+}
+
 static char *dup_printf(const char *fmt, ...) TERN_PRINTF(1, 2);
 static char *dup_printf(const char *fmt, ...)
 {
@@ -593,11 +605,8 @@ static void future_complete(rpc_t *rpc, tern_future_t *f, tern_status_t st, char
         /* Filed before done: a caller that stops the profiler after its wait
          * finds the call. */
         uint64_t bytes = f->prof_bytes;
-        for (size_t i = 0; st == TERN_OK && i < f->value.ntensors; i++) {
-            size_t nb = 0;
-            if (tern_tensor_nbytes(&f->tensors[i], &nb) == TERN_OK)
-                bytes += nb;
-        }
+        if (st == TERN_OK)
+            bytes += tensors_bytes(f->tensors, f->value.ntensors);
         tern__prof_op_end(&f->prof, bytes, f->prof_events, f->prof_events_len);
         free(f->prof_events);
         f->prof_events = NULL;
@@ -1925,12 +1934,8 @@ static tern_status_t call_out(rpc_t *rpc, int dst, uint8_t type, uint64_t target
     uint8_t flags = 0;
     if (f->prof.name != NULL) {
         flags = (uint8_t)(F_PROF | (tern__prof_flags() & F_PROF_CFG));
-        f->prof_bytes = args ? args->blob_len : 0;
-        for (size_t i = 0; args != NULL && args->tensors != NULL && i < args->ntensors; i++) {
-            size_t nb = 0;
-            if (tern_tensor_nbytes(&args->tensors[i], &nb) == TERN_OK)
-                f->prof_bytes += nb;
-        }
+        if (args != NULL)
+            f->prof_bytes = args->blob_len + tensors_bytes(args->tensors, args->ntensors);
     }
     pthread_mutex_lock(&comm->lock);
     if (rpc->closed) {
