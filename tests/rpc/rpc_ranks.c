@@ -1505,6 +1505,12 @@ static void test_objects(int w)
     /* A method's result as a value RRef on the owner; a snapshot. */
     OK(tern_rref_remote(rr, "get", NULL, TERN_RPC_TIMEOUT_DEFAULT, &vr));
     CHECK(tern_rref_owner(vr) == w, "the value lives on the owner");
+    /* remote() returns before "get" runs on the owner, and the owner's pool may
+     * run a later call first (as in PyTorch), so wait for the value before the
+     * add that it must not see. */
+    OK(tern_rref_to_here(vr, TERN_RPC_TIMEOUT_DEFAULT, &f));
+    CHECK(i64_result(f) == 58, "the value RRef holds %lld, want 58", i64_result(f));
+    tern_future_free(f);
     f = rref_call(rr, "add", "1000");
     tern_future_free(f);
     OK(tern_rref_to_here(vr, TERN_RPC_TIMEOUT_DEFAULT, &f));
