@@ -287,26 +287,53 @@ static void reap(tern__coll_t *c, step_t *s)
         fail(c, st, "%s rank %d: %s", step_verb(s), w, tern_strerror(st));
 }
 
+/* A profiled collective's messages are events of their own, children of
+ * the collective's, from post to completion: the job trace links each to its
+ * other end. op was begun before the post; the request ends it. */
+static void prof_step(tern__coll_t *c, step_t *s, tern__prof_op_t *op)
+{
+    tern__comm_t *comm = c->g->comm;
+    op->parent = c->req.prof.id;
+    op->dir = s->kind == STEP_SEND ? TERN_PROF_DIR_SEND : TERN_PROF_DIR_RECV;
+    pthread_mutex_lock(&comm->lock);
+    if (atomic_load_explicit(&s->req->done, memory_order_acquire)) {
+        op->seq = s->req->seq;
+        pthread_mutex_unlock(&comm->lock);
+        tern__prof_op_end(op, tern__req_bytes(s->req), NULL, 0);
+        return;
+    }
+    s->req->prof = *op;
+    pthread_mutex_unlock(&comm->lock);
+}
+
 /* Start a step whose inputs are ready. */
 static void launch(tern__coll_t *c, step_t *s)
 {
     tern__comm_t *comm = c->g->comm;
     tern_status_t st = TERN_OK;
+    tern__prof_op_t op;
     int w;
 
     switch ((step_kind_t)s->kind) {
     case STEP_SEND:
     case STEP_RECV:
         w = c->g->world[s->peer];
+        memset(&op, 0, sizeof(op));
+        if (c->req.prof.name != NULL)
+            tern__prof_op_begin(&op, comm, w, TERN_PROF_KIND_P2P, "%s %s", c->op_name,
+                                s->kind == STEP_SEND ? "send" : "recv");
         if (s->kind == STEP_SEND)
             st = tern__p2p_isend(comm, c->g->cid, s->a, s->n, w, (int)wire_tag(c, s), &s->req);
         else
             st = tern__p2p_irecv(comm, c->g->cid, s->dst, s->n, w, (int)wire_tag(c, s), &s->req);
         if (st != TERN_OK) {
+            tern__prof_op_drop(&op);
             s->state = STEP_DONE;
             fail(c, st, "%s rank %d: %s", step_verb(s), w, tern_last_error());
             return;
         }
+        if (op.name != NULL)
+            prof_step(c, s, &op);
         s->state = STEP_POSTED;
         if (atomic_load_explicit(&s->req->done, memory_order_acquire))
             reap(c, s);

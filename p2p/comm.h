@@ -47,6 +47,8 @@ struct tern_request {
     int ops;                   /* transport operations in flight that name this request */
     bool released;             /* the user has waited on it: free once ops is 0 */
     void *coll;                /* REQ_COLL: the collective's state */
+    uint64_t seq;              /* the message's number between its two ranks (0: none yet) */
+    uint64_t *seq_out;         /* a blocking receive's: gets seq at completion */
     tern__prof_op_t prof;      /* profiled: from post to completion */
 };
 
@@ -67,6 +69,7 @@ typedef struct unexp {
     uint64_t sreq;     /* rendezvous: the sender's request id */
     uint64_t raddr;
     uint32_t rkey_len;
+    uint64_t seq;
     uint8_t rkey[TERN_RKEY_MAX];
 } unexp_t;
 
@@ -97,6 +100,11 @@ struct tern__comm {
     size_t credit_per_peer;
     int64_t *credits;         /* [world] eager bytes this rank may still send to each peer */
     size_t *consumed;         /* [world] eager bytes from each peer consumed, not yet returned */
+    /* Messages (eager or rendezvous, any cid) numbered per pair of ranks from
+     * 1, the number's low bits in the immediate's slot: the profiler links a
+     * send to its receive by (sender, receiver, number). */
+    uint64_t *sent;           /* [world] the last number sent to each peer */
+    uint64_t *arrived;        /* [world] the highest number from each peer */
     size_t unexpected_bytes;
     tern_request_t *posted_head, *posted_tail;
     unexp_t *unexp_head, *unexp_tail;
@@ -184,10 +192,11 @@ tern_status_t tern__p2p_irecv(tern__comm_t *comm, uint32_t cid, void *buf, size_
  * Returns false if it cannot be withdrawn (a receive whose data is being
  * read): it will complete by itself. */
 bool tern__p2p_cancel(tern__comm_t *comm, tern_request_t *req);
-/* Blocking forms, without a request where the message is eager. */
+/* Blocking forms, without a request where the message is eager; *seq gets
+ * the message's number (for the profiler). */
 tern_status_t tern__p2p_send(tern__comm_t *comm, uint32_t cid, const void *buf, size_t len,
-                             int dst, int tag);
+                             int dst, int tag, uint64_t *seq);
 tern_status_t tern__p2p_recv(tern__comm_t *comm, uint32_t cid, void *buf, size_t cap, int src,
-                             int tag, tern_msg_info_t *info);
+                             int tag, tern_msg_info_t *info, uint64_t *seq);
 
 #endif

@@ -10,6 +10,10 @@
  * matching receiver registers its buffer, gets the data straight into it, and
  * answers FIN {sender request id, status}, which completes the sender.
  *
+ * The slot of eager and rendezvous immediates holds the low 24 bits of the
+ * message's number between its two ranks (comm.h), which the receiver
+ * extends to 64 bits: the profiler links each send to its receive by it.
+ *
  * Control (class CONTROL, slot = kind): FIN; CREDIT {bytes}, returning eager
  * credit; NACK {tag, len, cap}, telling an eager sender its message was
  * truncated.
@@ -149,6 +153,28 @@ static void send_fin(tern__comm_t *comm, int dst, uint64_t sreq, tern_status_t s
     send_ctrl(comm, dst, CTRL_FIN, msg, sizeof(msg));
 }
 
+/* The immediate of the next message to dst; *seq gets its number. */
+static uint32_t msg_imm(tern__comm_t *comm, tern_imm_class_t cls, int dst, uint64_t *seq)
+{
+    *seq = ++comm->sent[dst];
+    return tern_imm_make(cls, 0, 0, (uint32_t)*seq);
+}
+
+/* The full number of a message from src whose immediate holds its low bits.
+ * Messages arrive in order, so it is the next one; the serial arithmetic only
+ * keeps a stray one from moving the count far. */
+static uint64_t msg_seq(tern__comm_t *comm, int src, uint32_t imm)
+{
+    uint64_t last = comm->arrived[src];
+    uint32_t d = (tern_imm_slot(imm) - (uint32_t)(last + 1)) & TERN_IMM_SLOT_MASK;
+    int64_t delta = d & (1u << (TERN_IMM_SLOT_BITS - 1)) ? (int64_t)d - (1 << TERN_IMM_SLOT_BITS)
+                                                         : (int64_t)d;
+    uint64_t seq = last + 1 + (uint64_t)delta;
+    if (seq > last)
+        comm->arrived[src] = seq;
+    return seq;
+}
+
 /* Count consumed eager bytes from src; hand credit back in batches. */
 static void consumed(tern__comm_t *comm, int src, size_t bytes)
 {
@@ -222,10 +248,11 @@ static tern_status_t copy_eager(tern__comm_t *comm, void *buf, size_t cap, int s
     return TERN_ERR_TRUNCATED;
 }
 
-static void deliver_eager(tern__comm_t *comm, tern_request_t *req, int src, int tag,
+static void deliver_eager(tern__comm_t *comm, tern_request_t *req, int src, int tag, uint64_t seq,
                           const uint8_t *data, size_t len)
 {
     req->info = (tern_msg_info_t){.source = src, .tag = tag, .len = len};
+    req->seq = seq;
     tern__req_complete(req, copy_eager(comm, req->buf, req->len, src, tag, data, len));
 }
 
@@ -250,14 +277,16 @@ static void get_done(void *arg, tern_status_t st)
 }
 
 /* A rendezvous message matched req: read it straight into the user's buffer. */
-static void start_get(tern__comm_t *comm, tern_request_t *req, int src, int tag, size_t len,
-                      uint64_t sreq, uint64_t raddr, const uint8_t *rkey, uint32_t rkey_len)
+static void start_get(tern__comm_t *comm, tern_request_t *req, int src, int tag, uint64_t seq,
+                      size_t len, uint64_t sreq, uint64_t raddr, const uint8_t *rkey,
+                      uint32_t rkey_len)
 {
     tern_ep_t *ep;
     size_t n = len < req->len ? len : req->len;
     tern_status_t st;
 
     req->info = (tern_msg_info_t){.source = src, .tag = tag, .len = len};
+    req->seq = seq;
     req->id = sreq;
     if ((st = tern__comm_ep(comm, src, &ep)) != TERN_OK)
         goto fail;
@@ -324,9 +353,10 @@ static void on_eager(tern__comm_t *comm, const tern_event_t *ev, void *arg)
     uint32_t cid = tern__get_le32(p);
     int tag = (int32_t)tern__get_le32(p + 4);
     size_t len = ev->len - EAGER_HDR;
+    uint64_t seq = msg_seq(comm, src, ev->imm);
     tern_request_t *req = take_posted(comm, cid, src, tag);
     if (req != NULL) {
-        deliver_eager(comm, req, src, tag, p + EAGER_HDR, len);
+        deliver_eager(comm, req, src, tag, seq, p + EAGER_HDR, len);
         return;
     }
     /* Credit bounds this; a peer that ignores it is refused rather than let
@@ -346,7 +376,7 @@ static void on_eager(tern__comm_t *comm, const tern_event_t *ev, void *arg)
     }
     if (len)
         memcpy(copy, p + EAGER_HDR, len);
-    *u = (unexp_t){.cid = cid, .src = src, .tag = tag, .len = len, .data = copy};
+    *u = (unexp_t){.cid = cid, .src = src, .tag = tag, .len = len, .data = copy, .seq = seq};
     comm->unexpected_bytes += len;
     append_unexp(comm, u);
 }
@@ -366,9 +396,10 @@ static void on_rts(tern__comm_t *comm, const tern_event_t *ev, void *arg)
     uint32_t cid = tern__get_le32(p);
     int tag = (int32_t)tern__get_le32(p + 4);
     uint64_t len = tern__get_le64(p + 8), sreq = tern__get_le64(p + 16), raddr = tern__get_le64(p + 24);
+    uint64_t seq = msg_seq(comm, src, ev->imm);
     tern_request_t *req = take_posted(comm, cid, src, tag);
     if (req != NULL) {
-        start_get(comm, req, src, tag, (size_t)len, sreq, raddr, p + RTS_HDR, rkey_len);
+        start_get(comm, req, src, tag, seq, (size_t)len, sreq, raddr, p + RTS_HDR, rkey_len);
         return;
     }
     unexp_t *u = calloc(1, sizeof(*u));
@@ -378,7 +409,7 @@ static void on_rts(tern__comm_t *comm, const tern_event_t *ev, void *arg)
         return;
     }
     *u = (unexp_t){.cid = cid, .src = src, .tag = tag, .len = (size_t)len, .rndv = true,
-                   .sreq = sreq, .raddr = raddr, .rkey_len = rkey_len};
+                   .sreq = sreq, .raddr = raddr, .rkey_len = rkey_len, .seq = seq};
     memcpy(u->rkey, p + RTS_HDR, rkey_len);
     append_unexp(comm, u);
 }
@@ -469,7 +500,7 @@ static bool eager_fits(const tern__comm_t *comm, size_t len, int dst)
 /* An eager send (lock held, eager_fits): the payload is copied out, so the
  * send is complete when this returns TERN_OK. */
 static tern_status_t send_eager(tern__comm_t *comm, uint32_t cid, const void *buf, size_t len,
-                                int dst, int tag)
+                                int dst, int tag, uint64_t *seq)
 {
     bounce_t *b = bounce_new(comm, EAGER_HDR + len);
     if (b == NULL)
@@ -478,7 +509,7 @@ static tern_status_t send_eager(tern__comm_t *comm, uint32_t cid, const void *bu
     tern__put_le32(b->data + 4, (uint32_t)tag);
     if (len)
         memcpy(b->data + EAGER_HDR, buf, len);
-    tern_status_t st = send_bounce(comm, dst, tern_imm_make(TERN_IMM_P2P_EAGER, 0, 0, 0), b);
+    tern_status_t st = send_bounce(comm, dst, msg_imm(comm, TERN_IMM_P2P_EAGER, dst, seq), b);
     if (st == TERN_OK)
         comm->credits[dst] -= (int64_t)len;
     return st;
@@ -503,7 +534,7 @@ tern_status_t tern__p2p_isend(tern__comm_t *comm, uint32_t cid, const void *buf,
                             .buf = (void *)buf, .len = len};
     req->info = (tern_msg_info_t){.source = dst, .tag = tag, .len = len};
     if (eager_fits(comm, len, dst)) {
-        if ((st = send_eager(comm, cid, buf, len, dst, tag)) != TERN_OK)
+        if ((st = send_eager(comm, cid, buf, len, dst, tag, &req->seq)) != TERN_OK)
             goto fail;
         tern__req_complete(req, TERN_OK); /* the payload is ours now: the buffer is free */
     } else {
@@ -528,7 +559,8 @@ tern_status_t tern__p2p_isend(tern__comm_t *comm, uint32_t cid, const void *buf,
         tern__put_le64(b->data + 24, (uintptr_t)buf);
         tern__put_le32(b->data + 32, (uint32_t)klen);
         memcpy(b->data + RTS_HDR, key, klen);
-        if ((st = send_bounce(comm, dst, tern_imm_make(TERN_IMM_P2P_RNDV, 0, 0, 0), b)) != TERN_OK)
+        if ((st = send_bounce(comm, dst, msg_imm(comm, TERN_IMM_P2P_RNDV, dst, &req->seq), b)) !=
+            TERN_OK)
             goto fail;
         req->next = comm->rndv_sends;
         comm->rndv_sends = req;
@@ -600,11 +632,12 @@ static tern_status_t irecv_locked(tern__comm_t *comm, uint32_t cid, void *buf, s
             comm->posted_head = req;
         comm->posted_tail = req;
     } else if (u->rndv) {
-        start_get(comm, req, u->src, u->tag, u->len, u->sreq, u->raddr, u->rkey, u->rkey_len);
+        start_get(comm, req, u->src, u->tag, u->seq, u->len, u->sreq, u->raddr, u->rkey,
+                  u->rkey_len);
         free(u);
     } else {
         comm->unexpected_bytes -= u->len;
-        deliver_eager(comm, req, u->src, u->tag, u->data, u->len);
+        deliver_eager(comm, req, u->src, u->tag, u->seq, u->data, u->len);
         free(u->data);
         free(u);
     }
@@ -705,7 +738,10 @@ tern_status_t tern__p2p_init(tern__comm_t *comm)
     comm->credit_per_peer = cfg->unexpected_max / comm->world;
     comm->credits = calloc(comm->world, sizeof(*comm->credits));
     comm->consumed = calloc(comm->world, sizeof(*comm->consumed));
-    if (comm->credits == NULL || comm->consumed == NULL)
+    comm->sent = calloc(comm->world, sizeof(*comm->sent));
+    comm->arrived = calloc(comm->world, sizeof(*comm->arrived));
+    if (comm->credits == NULL || comm->consumed == NULL || comm->sent == NULL ||
+        comm->arrived == NULL)
         return tern__error(TERN_ERR_NO_MEMORY, "p2p: no memory");
     for (unsigned r = 0; r < comm->world; r++)
         comm->credits[r] = (int64_t)comm->credit_per_peer;
@@ -739,8 +775,11 @@ void tern__p2p_fini(tern__comm_t *comm)
     }
     free(comm->credits);
     free(comm->consumed);
+    free(comm->sent);
+    free(comm->arrived);
     comm->credits = NULL;
     comm->consumed = NULL;
+    comm->sent = comm->arrived = NULL;
 }
 
 void tern__p2p_free_caches(tern__comm_t *comm)
@@ -781,6 +820,9 @@ static void prof_attach(tern__comm_t *comm, tern_status_t st, tern_request_t *re
     }
     pthread_mutex_lock(&comm->lock);
     if (atomic_load_explicit(&req->done, memory_order_acquire)) {
+        op->seq = req->seq;
+        if (req->kind == REQ_RECV)
+            op->peer = req->info.source;
         pthread_mutex_unlock(&comm->lock);
         tern__prof_op_end(op, tern__req_bytes(req), NULL, 0);
         return;
@@ -797,6 +839,7 @@ tern_status_t tern_isend(tern_ctx_t *ctx, const void *buf, size_t len, int dst, 
         return TERN_ERR_INVALID_PARAM;
     tern__prof_op_t op;
     tern__prof_op_begin(&op, comm, dst, TERN_PROF_KIND_P2P, "isend");
+    op.dir = TERN_PROF_DIR_SEND;
     tern_status_t st = tern__p2p_isend(comm, 0, buf, len, dst, tag, req);
     prof_attach(comm, st, st == TERN_OK ? *req : NULL, &op);
     return st;
@@ -810,6 +853,7 @@ tern_status_t tern_irecv(tern_ctx_t *ctx, void *buf, size_t cap, int src, int ta
         return TERN_ERR_INVALID_PARAM;
     tern__prof_op_t op;
     tern__prof_op_begin(&op, comm, src, TERN_PROF_KIND_P2P, "irecv");
+    op.dir = TERN_PROF_DIR_RECV;
     tern_status_t st = tern__p2p_irecv(comm, 0, buf, cap, src, tag, req);
     prof_attach(comm, st, st == TERN_OK ? *req : NULL, &op);
     return st;
@@ -822,7 +866,7 @@ tern_status_t tern_irecv(tern_ctx_t *ctx, void *buf, size_t cap, int src, int ta
  * which on shared memory is a noticeable part of a small message's latency.
  */
 tern_status_t tern__p2p_send(tern__comm_t *comm, uint32_t cid, const void *buf, size_t len,
-                             int dst, int tag)
+                             int dst, int tag, uint64_t *seq)
 {
     tern_request_t *req;
     tern_status_t st = check_send(comm, buf, len, dst, tag);
@@ -830,17 +874,20 @@ tern_status_t tern__p2p_send(tern__comm_t *comm, uint32_t cid, const void *buf, 
         return st;
     pthread_mutex_lock(&comm->lock);
     if (eager_fits(comm, len, dst)) {
-        st = send_eager(comm, cid, buf, len, dst, tag);
+        st = send_eager(comm, cid, buf, len, dst, tag, seq);
         pthread_mutex_unlock(&comm->lock);
         return st;
     }
     pthread_mutex_unlock(&comm->lock);
     st = tern__p2p_isend(comm, cid, buf, len, dst, tag, &req);
-    return st == TERN_OK ? tern_request_wait(req, -1, NULL) : st;
+    if (st != TERN_OK)
+        return st;
+    *seq = req->seq; /* set as it was posted, by this thread */
+    return tern_request_wait(req, -1, NULL);
 }
 
 tern_status_t tern__p2p_recv(tern__comm_t *comm, uint32_t cid, void *buf, size_t cap, int src,
-                             int tag, tern_msg_info_t *info)
+                             int tag, tern_msg_info_t *info, uint64_t *seq)
 {
     tern_request_t *req;
     tern_status_t st = check_recv(comm, buf, cap, src, tag);
@@ -855,6 +902,7 @@ tern_status_t tern__p2p_recv(tern__comm_t *comm, uint32_t cid, void *buf, size_t
         pthread_mutex_unlock(&comm->lock);
         if (info != NULL)
             *info = (tern_msg_info_t){.source = u->src, .tag = u->tag, .len = u->len};
+        *seq = u->seq;
         if (st != TERN_OK)
             tern__error(st, "receive %s (rank %d, tag %d, %zu bytes)", tern_strerror(st), u->src,
                         u->tag, u->len);
@@ -863,6 +911,12 @@ tern_status_t tern__p2p_recv(tern__comm_t *comm, uint32_t cid, void *buf, size_t
         return st;
     }
     st = irecv_locked(comm, cid, buf, cap, src, tag, &req);
+    if (st == TERN_OK) {
+        if (atomic_load_explicit(&req->done, memory_order_relaxed))
+            *seq = req->seq;
+        else
+            req->seq_out = seq; /* the request is gone by the time wait returns */
+    }
     pthread_mutex_unlock(&comm->lock);
     return st == TERN_OK ? tern_request_wait(req, -1, info) : st;
 }
@@ -873,9 +927,11 @@ tern_status_t tern_send(tern_ctx_t *ctx, const void *buf, size_t len, int dst, i
     if (comm == NULL)
         return TERN_ERR_INVALID_PARAM;
     tern_prof_range_t r = tern__prof_begin("send", TERN_PROF_KIND_P2P);
-    tern_status_t st = tern__p2p_send(comm, 0, buf, len, dst, tag);
+    uint64_t seq = 0;
+    tern_status_t st = tern__p2p_send(comm, 0, buf, len, dst, tag, &seq);
     if (r != 0) {
         tern_prof_range_bytes(r, st == TERN_OK ? len : 0);
+        tern__prof_range_msg(r, dst, TERN_PROF_DIR_SEND, seq);
         tern_prof_range_end(r);
     }
     return st;
@@ -888,10 +944,13 @@ tern_status_t tern_recv(tern_ctx_t *ctx, void *buf, size_t cap, int src, int tag
     if (comm == NULL)
         return TERN_ERR_INVALID_PARAM;
     tern_prof_range_t r = tern__prof_begin("recv", TERN_PROF_KIND_P2P);
-    tern_msg_info_t mine;
-    tern_status_t st = tern__p2p_recv(comm, 0, buf, cap, src, tag, info ? info : &mine);
+    tern_msg_info_t mine, *got = info ? info : &mine;
+    uint64_t seq = 0;
+    tern_status_t st = tern__p2p_recv(comm, 0, buf, cap, src, tag, got, &seq);
     if (r != 0) {
-        tern_prof_range_bytes(r, st == TERN_OK ? (info ? info : &mine)->len : 0);
+        tern_prof_range_bytes(r, st == TERN_OK ? got->len : 0);
+        if (seq != 0)
+            tern__prof_range_msg(r, got->source, TERN_PROF_DIR_RECV, seq);
         tern_prof_range_end(r);
     }
     return st;

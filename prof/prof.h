@@ -40,6 +40,9 @@ unsigned tern__prof_flags(void);
 /* A range of one of tern's own kinds (tern_prof_kind); 0 when not recording. */
 tern_prof_range_t tern__prof_begin(const char *name, unsigned kind);
 
+/* Mark a range as one end of a message (tern_prof_event_t's peer, dir, seq). */
+void tern__prof_range_msg(tern_prof_range_t range, int peer, unsigned dir, uint64_t seq);
+
 /* Count bytes tern allocates for the ranges open on this thread (when
  * memory is profiled), and the running count. */
 void tern__prof_alloc(int64_t bytes);
@@ -55,9 +58,12 @@ typedef struct tern__prof_op {
     uint64_t id;
     uint64_t tid;
     tern__prof_capture_t *capture; /* issued inside a profiled handler */
+    uint64_t parent; /* the event it belongs to (a collective's messages) */
+    uint64_t seq;    /* a message's number (tern_prof_event_t.seq) */
     int peer;
     unsigned kind;
-    unsigned gen; /* the session it started in: filed only into that one */
+    unsigned dir;    /* tern_prof_dir */
+    unsigned gen;    /* the session it started in: filed only into that one */
 } tern__prof_op_t;
 
 /* Start op if this thread records (name from fmt); it ends by

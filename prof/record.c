@@ -431,6 +431,24 @@ void tern_prof_range_bytes(tern_prof_range_t h, uint64_t bytes)
         pthread_mutex_unlock(&locked->lock);
 }
 
+static uint16_t dir_flag(unsigned dir)
+{
+    return dir == TERN_PROF_DIR_SEND ? TERN__REC_SEND : dir == TERN_PROF_DIR_RECV ? TERN__REC_RECV : 0;
+}
+
+void tern__prof_range_msg(tern_prof_range_t h, int peer, unsigned dir, uint64_t seq)
+{
+    tern__prof_capture_t *locked;
+    tern__prof_rec_t *r = range_rec(h, &locked);
+    if (r != NULL) {
+        r->peer = peer;
+        r->seq = seq;
+        r->flags |= dir_flag(dir);
+    }
+    if (locked != NULL)
+        pthread_mutex_unlock(&locked->lock);
+}
+
 void tern__prof_alloc(int64_t bytes)
 {
     if (tern__prof_flags() & TERN_PROF_MEMORY)
@@ -501,9 +519,10 @@ void tern__prof_op_drop(tern__prof_op_t *op)
 /* Wire form of events (little-endian), after a 8-byte head (count, dropped):
  *  0 i64 start   8 i64 end   16 u64 bytes   24 i64 mem   32 u64 tid
  * 40 u64 id     48 u64 parent 56 i32 node   60 u16 kind  62 u16 name length
- * 64 u16 shapes length  66 u16 flags (TERN__REC_ASYNC), then name and shapes. */
-#define EV_FIXED 68
-#define EV_WIRE_FLAGS TERN__REC_ASYNC
+ * 64 u16 shapes length  66 u16 flags (TERN__REC_ASYNC, _SEND, _RECV)
+ * 68 u64 seq    76 i32 peer, then name and shapes. */
+#define EV_FIXED 80
+#define EV_WIRE_FLAGS (TERN__REC_ASYNC | TERN__REC_SEND | TERN__REC_RECV)
 
 static size_t rec_wire_size(const tern__prof_rec_t *r)
 {
@@ -526,6 +545,8 @@ static uint8_t *put_rec(uint8_t *p, const tern__prof_rec_t *r)
     tern__put_le16(p + 62, (uint16_t)nl);
     tern__put_le16(p + 64, (uint16_t)sl);
     tern__put_le16(p + 66, (uint16_t)(r->flags & EV_WIRE_FLAGS));
+    tern__put_le64(p + 68, r->seq);
+    tern__put_le32(p + 76, (uint32_t)r->peer);
     memcpy(p + EV_FIXED, name, nl);
     if (sl)
         memcpy(p + EV_FIXED + nl, r->shapes, sl);
@@ -597,6 +618,8 @@ tern_status_t tern__prof_decode(const uint8_t *p, size_t len, uint32_t *dropped,
         r.node = (int32_t)tern__get_le32(p + 56);
         r.kind = tern__get_le16(p + 60);
         uint16_t wflags = tern__get_le16(p + 66) & EV_WIRE_FLAGS;
+        r.seq = tern__get_le64(p + 68);
+        r.peer = (int32_t)tern__get_le32(p + 76);
         char name[1024];
         size_t cut = nl < sizeof(name) ? nl : sizeof(name) - 1;
         memcpy(name, p + EV_FIXED, cut);
@@ -684,6 +707,10 @@ void tern__prof_op_end(tern__prof_op_t *op, uint64_t bytes, const uint8_t *event
     r.flags |= TERN__REC_ASYNC;
     r.tid = op->tid;
     r.id = op->id;
+    r.parent = op->parent;
+    r.seq = op->seq;
+    r.peer = op->peer;
+    r.flags |= dir_flag(op->dir);
     r.node = op->capture != NULL ? tern__prof_session_node() : -1;
     file_ctx_t f = {.op = op};
     if (op->capture != NULL) {

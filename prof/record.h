@@ -18,6 +18,8 @@ enum {
     TERN__REC_NAME_HEAP = 1u << 0, /* name.heap is malloc'ed */
     TERN__REC_ASYNC = 1u << 1,     /* ends on another thread: nests nothing */
     TERN__REC_REMOTE = 1u << 2,    /* came back with a reply */
+    TERN__REC_SEND = 1u << 3,      /* a message's sending end (peer, seq) */
+    TERN__REC_RECV = 1u << 4,      /* a message's receiving end */
 };
 
 typedef struct tern__prof_rec {
@@ -27,8 +29,10 @@ typedef struct tern__prof_rec {
     int64_t mem; /* tern's allocations inside (at begin: the counter then) */
     uint64_t tid;
     uint64_t id, parent;
+    uint64_t seq; /* a message's number */
     char *shapes; /* malloc'ed or NULL */
     int32_t node; /* -1: this process */
+    int32_t peer; /* a message's other rank, an RPC's target */
     uint16_t kind, flags;
     union {
         char inl[48];

@@ -300,6 +300,8 @@ static void collect(tern__prof_buf_t *b, void *arg)
         d->tid = r->tid;
         d->id = r->id;
         d->parent = r->parent;
+        d->seq = r->seq;
+        d->peer = r->peer;
         d->node = r->node;
         d->kind = r->kind;
         d->flags = r->flags; /* takes the strings: the buffer forgets them */
@@ -447,6 +449,11 @@ tern_status_t tern_prof_stop(void)
             e->mem = r->mem;
             e->id = r->id != 0 ? r->id : tern__prof_new_id();
             e->parent = r->parent;
+            e->dir = (r->flags & TERN__REC_SEND)   ? TERN_PROF_DIR_SEND
+                     : (r->flags & TERN__REC_RECV) ? TERN_PROF_DIR_RECV
+                                                   : TERN_PROF_DIR_NONE;
+            e->peer = e->dir != TERN_PROF_DIR_NONE || e->kind == TERN_PROF_KIND_RPC ? r->peer : -1;
+            e->seq = e->dir != TERN_PROF_DIR_NONE ? r->seq : 0;
             async[i] = (r->flags & TERN__REC_ASYNC) != 0;
             if (e->node != S.rank) {
                 const peer_clocks_t *pc =

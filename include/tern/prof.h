@@ -148,6 +148,13 @@ enum tern_prof_kind {
     TERN_PROF_KIND_CLOCK,     /* a clock estimate */
 };
 
+/* Which end of a message an event is. */
+enum tern_prof_dir {
+    TERN_PROF_DIR_NONE = 0,
+    TERN_PROF_DIR_SEND, /* posted a message to peer */
+    TERN_PROF_DIR_RECV, /* received a message from peer */
+};
+
 typedef struct tern_prof_event {
     const char *name;       /* remote ones prefixed "<call>#remote_op: " */
     int node;               /* the rank it ran on */
@@ -162,8 +169,14 @@ typedef struct tern_prof_event {
     const char *shapes;     /* "[[3, 3], [3, 3]]" (TERN_PROF_SHAPES), else "" */
     int64_t clock_error_ns; /* the alignment's bound; 0 local, -1 unaligned */
     uint64_t id;            /* unique in the results */
-    uint64_t parent;        /* for remote events: the id of their RPC event */
+    uint64_t parent;        /* remote events: their RPC's id; a collective's
+                               messages: the collective's */
     int depth;              /* nesting on its thread */
+    int peer;               /* a message's other rank, an RPC's target; else -1 */
+    unsigned dir;           /* tern_prof_dir */
+    uint64_t seq;           /* a message's number from its sender to its receiver
+                               (from 1): a send and its receive share (sender,
+                               receiver, seq), which links them in job traces */
 } tern_prof_event_t;
 
 /* The last session's events, ordered by start. Valid until the next start. */
