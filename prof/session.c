@@ -18,6 +18,7 @@
 #include "core/log.h"
 #include "p2p/comm.h"
 #include "prof/record.h"
+#include "prof/session.h"
 
 /* How long one ping may take before the estimate gives up on the peer. */
 #define PING_TIMEOUT_NS (2ll * 1000 * 1000 * 1000)
@@ -48,6 +49,7 @@ static struct {
     tern_prof_clock_t *used; /* the last estimate of each remote node */
     size_t nused;
     uint64_t dropped;
+    bool job; /* the results are the job's, gathered here (job.c) */
 } S = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 /* One estimate at a time per process: there is one ping slot. */
@@ -178,6 +180,44 @@ static int64_t offset_at(const peer_clocks_t *pc, int64_t x, int64_t *bound)
     return e[pc->n - 1].offset_ns;
 }
 
+static void free_clocks(void);
+
+tern_status_t tern__prof_estimate_kept(tern__comm_t *comm, int peer, tern_prof_clock_t *out)
+{
+    pthread_mutex_lock(&S.lock);
+    if (S.clocks == NULL || S.world != (int)comm->world) {
+        /* No session yet on this rank, or one on another context. */
+        free_clocks();
+        S.world = (int)comm->world;
+        S.rank = (int)comm->rank;
+        S.clocks = calloc(comm->world, sizeof(*S.clocks));
+    }
+    if (S.samples == 0)
+        S.samples = (unsigned)tern__ctx_config(comm->ctx)->prof_clock_samples;
+    pthread_mutex_unlock(&S.lock);
+    if (S.clocks == NULL)
+        return tern__error(TERN_ERR_NO_MEMORY, "prof: no memory for clock estimates");
+    tern_status_t st = session_estimate(comm, peer);
+    if (st == TERN_OK) {
+        pthread_mutex_lock(&S.lock);
+        const peer_clocks_t *pc = &S.clocks[peer];
+        if (pc->n > 0)
+            *out = pc->est[pc->n - 1];
+        else
+            st = tern__error(TERN_ERR_NO_MEMORY, "prof: no memory for clock estimates");
+        pthread_mutex_unlock(&S.lock);
+    }
+    return st;
+}
+
+bool tern__prof_offset_of(int peer, int64_t x, int64_t *offset, int64_t *bound)
+{
+    if (S.clocks == NULL || peer < 0 || peer >= S.world || S.clocks[peer].n == 0)
+        return false;
+    *offset = offset_at(&S.clocks[peer], x, bound);
+    return true;
+}
+
 /* ---- start / stop ---- */
 
 static void free_results(void)
@@ -190,6 +230,7 @@ static void free_results(void)
     S.used = NULL;
     S.nevents = S.nused = 0;
     S.dropped = 0;
+    S.job = false;
 }
 
 static void free_clocks(void)
@@ -489,6 +530,36 @@ tern_status_t tern_prof_stop(void)
     return st;
 }
 
+tern_status_t tern__prof_results(const tern_prof_event_t **events, size_t *n, unsigned *flags,
+                                 int64_t *t_start, uint64_t *dropped)
+{
+    if (S.running)
+        return tern__error(TERN_ERR_NO_RESOURCE, "prof: this rank's session is still running; "
+                                                 "call tern_prof_stop first");
+    *events = S.events;
+    *n = S.nevents;
+    *flags = S.flags;
+    *t_start = S.t_start;
+    *dropped = S.dropped;
+    return TERN_OK;
+}
+
+void tern__prof_install(tern_prof_event_t *events, size_t n, char *strings,
+                        tern_prof_clock_t *used, size_t nused, unsigned flags, uint64_t dropped)
+{
+    pthread_mutex_lock(&S.lock);
+    free_results();
+    S.events = events;
+    S.nevents = n;
+    S.strings = strings;
+    S.used = used;
+    S.nused = nused;
+    S.flags = flags;
+    S.dropped = dropped;
+    S.job = true;
+    pthread_mutex_unlock(&S.lock);
+}
+
 tern_status_t tern_prof_events(const tern_prof_event_t **events, size_t *count)
 {
     if (events == NULL || count == NULL)
@@ -761,12 +832,42 @@ static const char *kind_name(unsigned k)
     return k < sizeof(names) / sizeof(names[0]) ? names[k] : "other";
 }
 
-static const tern_prof_event_t *find_event(uint64_t id)
+static int ev_by_id(const void *a, const void *b)
 {
-    for (size_t i = 0; i < S.nevents; i++)
-        if (S.events[i].id == id)
-            return &S.events[i];
-    return NULL;
+    const tern_prof_event_t *x = *(const tern_prof_event_t *const *)a,
+                            *y = *(const tern_prof_event_t *const *)b;
+    return x->id < y->id ? -1 : x->id > y->id;
+}
+
+/* Receives by (node, peer, seq): where a send's message arrived. */
+static int ev_by_msg(const void *a, const void *b)
+{
+    const tern_prof_event_t *x = *(const tern_prof_event_t *const *)a,
+                            *y = *(const tern_prof_event_t *const *)b;
+    if (x->node != y->node)
+        return x->node < y->node ? -1 : 1;
+    if (x->peer != y->peer)
+        return x->peer < y->peer ? -1 : 1;
+    return x->seq < y->seq ? -1 : x->seq > y->seq;
+}
+
+static const tern_prof_event_t *lookup(const tern_prof_event_t **index, size_t n,
+                                       const tern_prof_event_t *key,
+                                       int (*cmp)(const void *, const void *))
+{
+    const tern_prof_event_t *const *hit = bsearch(&key, index, n, sizeof(*index), cmp);
+    return hit != NULL ? *hit : NULL;
+}
+
+/* Flow arrows from (ts0 on a) to (ts1 on b), bound to the slices there. */
+static void flow(FILE *f, const char *name, const char *cat, uint64_t id, double ts0,
+                 const tern_prof_event_t *a, double ts1, const tern_prof_event_t *b)
+{
+    fprintf(f, ",\n  {\"name\": \"%s\", \"cat\": \"%s\", \"ph\": \"s\", \"id\": %" PRIu64
+               ", \"ts\": %.3f, \"pid\": %d, \"tid\": %" PRIu64 "},\n"
+               "  {\"name\": \"%s\", \"cat\": \"%s\", \"ph\": \"f\", \"bp\": \"e\", "
+               "\"id\": %" PRIu64 ", \"ts\": %.3f, \"pid\": %d, \"tid\": %" PRIu64 "}",
+            name, cat, id, ts0, a->node, a->thread, name, cat, id, ts1, b->node, b->thread);
 }
 
 tern_status_t tern_prof_export_chrome_trace(const char *path)
@@ -784,8 +885,9 @@ tern_status_t tern_prof_export_chrome_trace(const char *path)
     for (size_t i = 0; i < S.nevents; i++)
         if (S.events[i].start_ns < t0)
             t0 = S.events[i].start_ns;
-    fprintf(f, "{\"displayTimeUnit\": \"ns\",\n \"otherData\": {\"tern_node\": %d, \"clocks\": [",
-            S.rank);
+    fprintf(f, "{\"displayTimeUnit\": \"ns\",\n \"otherData\": {\"tern_node\": %d, \"job\": %s, "
+               "\"clocks\": [",
+            S.rank, S.job ? "true" : "false");
     for (size_t i = 0; i < S.nused; i++) {
         const tern_prof_clock_t *c = &S.used[i];
         fprintf(f, "%s{\"peer\": %d, \"offset_ns\": %" PRId64 ", \"error_bound_ns\": %" PRId64
@@ -805,10 +907,26 @@ tern_status_t tern_prof_export_chrome_trace(const char *path)
                    "\"args\": {\"name\": \"node %d%s\"}},\n"
                    "  {\"name\": \"process_sort_index\", \"ph\": \"M\", \"pid\": %d, \"tid\": 0, "
                    "\"args\": {\"sort_index\": %d}}",
-                first ? "" : ",\n", node, node, node == S.rank ? " (this process)" : "", node, node);
+                first ? "" : ",\n", node, node,
+                node != S.rank ? "" : S.job ? " (root, this process)" : " (this process)", node, node);
         first = false;
     }
     free(named);
+    /* Indexes for the arrows: events by id (an RPC's handler names its call),
+     * receives by message. */
+    const tern_prof_event_t **ids = malloc((S.nevents ? S.nevents : 1) * sizeof(*ids));
+    const tern_prof_event_t **recvs = malloc((S.nevents ? S.nevents : 1) * sizeof(*recvs));
+    size_t nrecvs = 0;
+    for (size_t i = 0; ids != NULL && recvs != NULL && i < S.nevents; i++) {
+        ids[i] = &S.events[i];
+        if (S.events[i].dir == TERN_PROF_DIR_RECV && S.events[i].seq != 0)
+            recvs[nrecvs++] = &S.events[i];
+    }
+    if (ids != NULL && recvs != NULL) {
+        qsort(ids, S.nevents, sizeof(*ids), ev_by_id);
+        qsort(recvs, nrecvs, sizeof(*recvs), ev_by_msg);
+    }
+    uint64_t nflows = 0;
     for (size_t i = 0; i < S.nevents; i++) {
         const tern_prof_event_t *e = &S.events[i];
         fprintf(f, "%s  {\"name\": ", first ? "" : ",\n");
@@ -826,27 +944,35 @@ tern_status_t tern_prof_export_chrome_trace(const char *path)
             fprintf(f, ", \"shapes\": ");
             json_str(f, e->shapes);
         }
+        if (e->dir != TERN_PROF_DIR_NONE)
+            fprintf(f, ", \"%s\": %d, \"seq\": %" PRIu64,
+                    e->dir == TERN_PROF_DIR_SEND ? "to" : "from", e->peer, e->seq);
         fprintf(f, "}}");
-        /* The request and the reply of an RPC, as flow arrows between the
-         * call and the handler that ran for it. */
+        if (ids == NULL || recvs == NULL)
+            continue;
+        /* A message: from where it was posted to where it was received. */
+        if (e->dir == TERN_PROF_DIR_SEND && e->seq != 0) {
+            tern_prof_event_t key = {.node = e->peer, .peer = e->node, .seq = e->seq};
+            const tern_prof_event_t *r = lookup(recvs, nrecvs, &key, ev_by_msg);
+            if (r != NULL)
+                flow(f, "message", "msg", ++nflows, (double)(e->start_ns - t0) / 1e3, e,
+                     (double)(r->end_ns - t0) / 1e3 - 0.001, r);
+        }
+        /* The request and the reply of an RPC, between the call and the
+         * handler that ran for it. */
         if (e->kind != TERN_PROF_KIND_HANDLER || e->parent == 0)
             continue;
-        const tern_prof_event_t *call = find_event(e->parent);
+        tern_prof_event_t key = {.id = e->parent};
+        const tern_prof_event_t *call = lookup(ids, S.nevents, &key, ev_by_id);
         if (call == NULL || call->kind != TERN_PROF_KIND_RPC)
             continue;
-        fprintf(f, ",\n  {\"name\": \"rpc request\", \"cat\": \"rpc\", \"ph\": \"s\", \"id\": %" PRIu64
-                   ", \"ts\": %.3f, \"pid\": %d, \"tid\": %" PRIu64 "},\n"
-                   "  {\"name\": \"rpc request\", \"cat\": \"rpc\", \"ph\": \"f\", \"bp\": \"e\", "
-                   "\"id\": %" PRIu64 ", \"ts\": %.3f, \"pid\": %d, \"tid\": %" PRIu64 "}",
-                2 * e->id, (double)(call->start_ns - t0) / 1e3, call->node, call->thread, 2 * e->id,
-                (double)(e->start_ns - t0) / 1e3, e->node, e->thread);
-        fprintf(f, ",\n  {\"name\": \"rpc reply\", \"cat\": \"rpc\", \"ph\": \"s\", \"id\": %" PRIu64
-                   ", \"ts\": %.3f, \"pid\": %d, \"tid\": %" PRIu64 "},\n"
-                   "  {\"name\": \"rpc reply\", \"cat\": \"rpc\", \"ph\": \"f\", \"bp\": \"e\", "
-                   "\"id\": %" PRIu64 ", \"ts\": %.3f, \"pid\": %d, \"tid\": %" PRIu64 "}",
-                2 * e->id + 1, (double)(e->end_ns - t0) / 1e3 - 0.001, e->node, e->thread,
-                2 * e->id + 1, (double)(call->end_ns - t0) / 1e3, call->node, call->thread);
+        flow(f, "rpc request", "rpc", 2 * e->id, (double)(call->start_ns - t0) / 1e3, call,
+             (double)(e->start_ns - t0) / 1e3, e);
+        flow(f, "rpc reply", "rpc", 2 * e->id + 1, (double)(e->end_ns - t0) / 1e3 - 0.001, e,
+             (double)(call->end_ns - t0) / 1e3, call);
     }
+    free(ids);
+    free(recvs);
     fprintf(f, "\n]}\n");
     int bad = ferror(f);
     if (fclose(f) != 0 || bad)

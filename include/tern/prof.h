@@ -248,8 +248,33 @@ TERN_API tern_status_t tern_prof_table_print(const tern_prof_table_t *table, FIL
  * Write the last session's events as a Trace Event Format file (chrome://tracing,
  * Perfetto): one process row per node, one thread row per thread, remote
  * events on this process's clock; the clock offsets used are in its metadata.
+ * Flow arrows link each RPC to the handler that ran for it (request, reply)
+ * and, where the results hold both ends (after tern_prof_gather), each
+ * message's send to its receive.
  */
 TERN_API tern_status_t tern_prof_export_chrome_trace(const char *path);
+
+/* ---- one trace for the whole job ---- */
+
+/*
+ * Gather every rank's results onto root: a collective over the world, which
+ * every rank calls after its own tern_prof_stop (a rank that never profiled
+ * adds nothing). Root estimates each rank's clock by ping-pong, moves that
+ * rank's events onto its own clock (their clock_error_ns adds the bounds;
+ * -1 where a rank could not be measured) and makes the union its results:
+ * tern_prof_events, key_averages (rows per node; print one node's with
+ * TERN_PROF_PRINT_NODE), tern_prof_clocks (one per rank) and
+ * tern_prof_export_chrome_trace then show the whole job, on root's clock,
+ * with every message's send linked to its receive. Root's earlier event
+ * pointers and tables are invalid afterwards; other ranks keep their own
+ * results. Every rank returns root's outcome (TERN_ERR_NO_RESOURCE when a
+ * rank's session still runs).
+ */
+TERN_API tern_status_t tern_prof_gather(tern_ctx_t *ctx, int root);
+
+/* tern_prof_gather, then tern_prof_export_chrome_trace(path) on root; every
+ * rank returns root's outcome. */
+TERN_API tern_status_t tern_prof_export_job_trace(tern_ctx_t *ctx, int root, const char *path);
 
 TERN_END_DECLS
 

@@ -1060,6 +1060,9 @@ typedef struct flow {
  * peer in want_peers (a bit mask); flow events come in s/f pairs of one id,
  * two pairs per handler that ran for an RPC event.
  */
+static void check_trace(const char *what, const char *path, unsigned want_peers, size_t want_msgs,
+                        bool job);
+
 static void check_chrome(const char *what, unsigned want_peers)
 {
     char path[] = "/tmp/tern-prof-trace-XXXXXX";
@@ -1067,6 +1070,14 @@ static void check_chrome(const char *what, unsigned want_peers)
     CHECK(fd >= 0, "mkstemp: %s", strerror(errno));
     close(fd);
     OK(tern_prof_export_chrome_trace(path));
+    check_trace(what, path, want_peers, 0, false);
+}
+
+/* check_chrome's checks of the file at path (removed after), which also
+ * holds want_msgs message arrows and says whether it is a job's. */
+static void check_trace(const char *what, const char *path, unsigned want_peers, size_t want_msgs,
+                        bool job)
+{
     size_t len;
     char *text = slurp(path, &len);
     unlink(path);
@@ -1090,8 +1101,9 @@ static void check_chrome(const char *what, unsigned want_peers)
     EXPECT(other != NULL, "%s: no otherData object", what);
     const jv_t *clocks = jget_t(other, "clocks", J_ARR);
     EXPECT(clocks != NULL, "%s: no otherData.clocks array", what);
-    const jv_t *node = jget_t(other, "tern_node", J_NUM);
+    const jv_t *node = jget_t(other, "tern_node", J_NUM), *isjob = jget_t(other, "job", J_BOOL);
     EXPECT(node != NULL && node->num == 0, "%s: otherData.tern_node is not 0", what);
+    EXPECT(isjob != NULL && isjob->b == job, "%s: otherData.job is not %d", what, job);
     unsigned peers = 0;
     for (size_t i = 0; clocks != NULL && i < clocks->n; i++) {
         const jv_t *c = &clocks->items[i];
@@ -1197,16 +1209,20 @@ static void check_chrome(const char *what, unsigned want_peers)
                 EXPECT(false, "%s: flow id %.0f ('%s') has %d starts and %d ends, want one each",
                        what, flows[k].id, flows[k].name, flows[k].s, flows[k].f);
     EXPECT(bad_pairs == 0, "%s: %d flow ids are not one s/f pair", what, bad_pairs);
-    /* A request and a reply arrow for each handler that ran for an RPC. */
-    size_t handlers = 0;
+    /* A request and a reply arrow for each handler that ran for an RPC, and
+     * one per message whose two ends are in the results. */
+    size_t handlers = 0, nmsgs = 0;
+    for (size_t k = 0; k < nflows; k++)
+        nmsgs += strcmp(flows[k].name, "message") == 0;
+    EXPECT(nmsgs == want_msgs, "%s: %zu message arrows, want %zu", what, nmsgs, want_msgs);
     for (size_t i = 0; i < n; i++) {
         size_t nsame;
         const tern_prof_event_t *p = ev[i].parent ? parent_of(&ev[i], &nsame) : NULL;
         handlers +=
             ev[i].kind == TERN_PROF_KIND_HANDLER && p != NULL && p->kind == TERN_PROF_KIND_RPC;
     }
-    EXPECT(nflows == 2 * handlers, "%s: %zu flow ids for %zu handlers (want two each)", what,
-           nflows, handlers);
+    EXPECT(nflows - nmsgs == 2 * handlers, "%s: %zu RPC flow ids for %zu handlers (want two each)",
+           what, nflows - nmsgs, handlers);
     printf("rank 0: %s: the trace holds %zu events, %zu flows, clocks of peers 0x%x\n", what, nx,
            nflows, peers);
     free(flows);
@@ -1663,6 +1679,213 @@ static int mode_die(void)
     _exit(bad ? 1 : 0); /* finalize would wait for the dead rank */
 }
 
+
+/* ================================================================== */
+/* --job: one trace for the whole job (every rank profiles). */
+
+#define JOB_SMALL 64
+#define JOB_LARGE (1 << 20) /* past the eager limit: rendezvous */
+#define JOB_FLOATS 4096
+
+static size_t count_on(const tern_prof_event_t *ev, size_t n, const char *name, int node)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        k += ev[i].node == node && strcmp(ev[i].name, name) == 0;
+    return k;
+}
+
+/* What every rank does in its session: a ring of an eager message (blocking
+ * send and receive) and a rendezvous one (isend, irecv); a message to rank 0
+ * received from any source; an all_reduce; rank 0 calls add on rank 1. */
+static void job_work(void)
+{
+    int next = (rank + 1) % world, prev = (rank + world - 1) % world;
+    static char small_out[JOB_SMALL], small_in[JOB_SMALL];
+    static char *large_out, *large_in;
+    if (large_out == NULL) {
+        large_out = calloc(1, JOB_LARGE);
+        large_in = calloc(1, JOB_LARGE);
+        CHECK(large_out != NULL && large_in != NULL, "no memory");
+    }
+    tern_prof_range_t step = tern_prof_range_begin("step");
+    tern_request_t *rq[2];
+    OK(tern_irecv(ctx, large_in, JOB_LARGE, prev, 2, &rq[0]));
+    OK(tern_isend(ctx, large_out, JOB_LARGE, next, 2, &rq[1]));
+    OK(tern_send(ctx, small_out, JOB_SMALL, next, 1));
+    tern_msg_info_t info;
+    OK(tern_recv(ctx, small_in, JOB_SMALL, prev, 1, &info));
+    OK(tern_request_wait(rq[0], -1, NULL));
+    OK(tern_request_wait(rq[1], -1, NULL));
+    if (rank == 0) {
+        for (int i = 1; i < world; i++) {
+            OK(tern_recv(ctx, small_in, JOB_SMALL, TERN_ANY_SOURCE, 3, &info));
+            CHECK(info.source >= 1 && info.source < world, "any source gave %d", info.source);
+        }
+    } else {
+        OK(tern_send(ctx, small_out, JOB_SMALL, 0, 3));
+    }
+    static float v[JOB_FLOATS];
+    for (int i = 0; i < JOB_FLOATS; i++)
+        v[i] = (float)rank;
+    OK(tern_all_reduce(tern_group_world(ctx), v, v, JOB_FLOATS, TERN_DTYPE_F32, TERN_SUM,
+                       NULL));
+    CHECK(v[7] == (float)(world * (world - 1) / 2), "all_reduce gave %g", (double)v[7]);
+    if (rank == 0)
+        sync_add(names[1]);
+    tern_prof_range_end(step);
+}
+
+/* Does send s have exactly one receive in ev, and does it come after s on
+ * the job's clock, within the two events' bounds? */
+static const tern_prof_event_t *receive_of(const tern_prof_event_t *ev, size_t n,
+                                           const tern_prof_event_t *s)
+{
+    const tern_prof_event_t *r = NULL;
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        if (ev[i].dir == TERN_PROF_DIR_RECV && ev[i].node == s->peer && ev[i].peer == s->node &&
+            ev[i].seq == s->seq) {
+            r = &ev[i];
+            k++;
+        }
+    EXPECT(k <= 1, "send '%s' %d->%d #%" PRIu64 " has %zu receives", s->name, s->node, s->peer,
+           s->seq, k);
+    return r;
+}
+
+static int mode_job(void)
+{
+    const tern_prof_event_t *ev;
+    size_t n;
+    char path[] = "/tmp/tern-prof-job-XXXXXX";
+
+    /* A rank whose session still runs: every rank gets the error, root's
+     * names the rank, and nothing is lost. */
+    if (rank == 1)
+        OK(tern_prof_start(ctx, NULL));
+    tern_status_t st = tern_prof_gather(ctx, 0);
+    EXPECT(st == TERN_ERR_NO_RESOURCE, "a gather while rank 1 profiles: %s", tern_status_name(st));
+    if (rank == 0)
+        EXPECT(strstr(tern_last_error(), "rank 1") != NULL, "the error names rank 1: %s",
+               tern_last_error());
+    if (rank == 1)
+        OK(tern_prof_stop());
+    EXPECT(tern_prof_gather(ctx, world) == TERN_ERR_INVALID_PARAM, "a root out of the world");
+
+    OK(tern_prof_start(ctx, NULL));
+    job_work();
+    OK(tern_prof_stop());
+    OK(tern_prof_events(&ev, &n));
+    size_t mine = n;
+    EXPECT(count_on(ev, n, "step", rank) == 1, "rank %d's own step range", rank);
+
+    if (rank == 0) {
+        int fd = mkstemp(path);
+        CHECK(fd >= 0, "mkstemp: %s", strerror(errno));
+        close(fd);
+    }
+    int64_t t0 = (int64_t)tern_clock_ns();
+    OK(tern_prof_export_job_trace(ctx, 0, rank == 0 ? path : NULL));
+    printf("rank %d: job trace in %.3f s\n", rank, secs_since(t0));
+    OK(tern_prof_events(&ev, &n));
+    if (rank != 0) {
+        EXPECT(n == mine, "rank %d keeps its own %zu events (has %zu)", rank, mine, n);
+        return 0;
+    }
+    EXPECT(n > mine, "root holds the job's %zu events (its own: %zu)", n, mine);
+
+    /* Every rank's work, on its own node. */
+    for (int r = 0; r < world; r++) {
+        EXPECT(count_on(ev, n, "step", r) == 1, "node %d's step range", r);
+        EXPECT(count_on(ev, n, "send", r) == (r == 0 ? 1u : 2u), "node %d's send ranges", r);
+        EXPECT(count_on(ev, n, "recv", r) == (r == 0 ? (size_t)world : 1u),
+               "node %d's recv ranges: %zu", r, count_on(ev, n, "recv", r));
+        EXPECT(count_on(ev, n, "isend", r) == 1 && count_on(ev, n, "irecv", r) == 1,
+               "node %d's isend and irecv", r);
+        EXPECT(count_on(ev, n, "all_reduce", r) == 1, "node %d's all_reduce", r);
+        EXPECT(count_on(ev, n, "all_reduce send", r) >= 1 &&
+                   count_on(ev, n, "all_reduce recv", r) >= 1,
+               "node %d's all_reduce messages", r);
+    }
+    EXPECT(count_on(ev, n, remote_op(call_name("rpc_sync", "add", 0, 1), "add"), 1) == 1,
+           "rank 0's call's remote add, once");
+
+    /* Every message: one receive, on the receiver's node, after its send. */
+    size_t sends = 0, linked = 0, recvs = 0, coll = 0;
+    int64_t worst = INT64_MIN;
+    for (size_t i = 0; i < n; i++) {
+        const tern_prof_event_t *s = &ev[i];
+        if (s->dir == TERN_PROF_DIR_RECV && s->seq != 0)
+            recvs++;
+        if (s->dir != TERN_PROF_DIR_SEND)
+            continue;
+        sends++;
+        EXPECT(s->seq != 0 && s->peer >= 0 && s->peer < world && s->peer != s->node,
+               "send '%s' on node %d: peer %d, seq %" PRIu64, s->name, s->node, s->peer, s->seq);
+        EXPECT(s->clock_error_ns >= 0, "send '%s' on node %d is aligned", s->name, s->node);
+        const tern_prof_event_t *r = receive_of(ev, n, s);
+        if (!EXPECT(r != NULL, "send '%s' %d->%d #%" PRIu64 " has no receive", s->name, s->node,
+                    s->peer, s->seq))
+            continue;
+        linked++;
+        bool is_coll = strcmp(s->name, "all_reduce send") == 0;
+        coll += is_coll;
+        EXPECT(is_coll == (strcmp(r->name, "all_reduce recv") == 0),
+               "'%s' was received by '%s'", s->name, r->name);
+        int64_t slack = s->start_ns - r->end_ns - s->clock_error_ns - r->clock_error_ns;
+        if (slack > worst)
+            worst = slack;
+        EXPECT(slack <= 0, "'%s' %d->%d #%" PRIu64 " starts %" PRId64 " ns after its receive "
+               "ends (bounds %" PRId64 " + %" PRId64 ")", s->name, s->node, s->peer, s->seq,
+               s->start_ns - r->end_ns, s->clock_error_ns, r->clock_error_ns);
+        const tern_prof_event_t *p = NULL;
+        for (size_t j = 0; s->parent != 0 && j < n; j++)
+            if (ev[j].id == s->parent)
+                p = &ev[j];
+        EXPECT(is_coll ? p != NULL && strcmp(p->name, "all_reduce") == 0 && p->node == s->node &&
+                             p->start_ns <= s->start_ns && s->end_ns <= p->end_ns
+                       : s->parent == 0,
+               "'%s' on node %d: its parent is %s", s->name, s->node, p ? p->name : "none");
+    }
+    /* Ring: 2 per rank; any source: world - 1; all_reduce: some. */
+    EXPECT(linked == sends && recvs == sends, "%zu sends, %zu linked, %zu receives", sends, linked,
+           recvs);
+    EXPECT(sends - coll == (size_t)(3 * world - 1), "%zu point-to-point messages, want %d",
+           sends - coll, 3 * world - 1);
+    printf("rank 0: the job has %zu events, %zu messages (%zu of the all_reduce); the latest "
+           "send starts %.3f us before its receive ends, beyond the bounds\n",
+           n, sends, coll, (double)-worst / 1e3);
+
+    /* Clocks: one per other rank, each within its bound of the truth. */
+    const tern_prof_clock_t *c;
+    size_t nc;
+    OK(tern_prof_clocks(&c, &nc));
+    EXPECT(nc == (size_t)world - 1, "%zu clocks for %d ranks", nc, world);
+    for (size_t i = 0; i < nc; i++)
+        EXPECT(llabs(c[i].offset_ns - skew_of(c[i].peer)) <= c[i].error_bound_ns,
+               "rank %d's clock: offset %" PRId64 ", bound %" PRId64 ", skew %" PRId64, c[i].peer,
+               c[i].offset_ns, c[i].error_bound_ns, skew_of(c[i].peer));
+
+    /* The table splits by node. */
+    tern_prof_table_t *t;
+    OK(tern_prof_key_averages(0, &t));
+    unsigned nodes = 0;
+    for (size_t i = 0; i < tern_prof_table_rows(t); i++)
+        nodes |= 1u << tern_prof_table_row(t, i)->node;
+    EXPECT(nodes == (1u << world) - 1, "the table's rows are on nodes 0x%x", nodes);
+    tern_prof_print_t one = {.field_mask = TERN_PROF_PRINT_NODE, .node = world - 1};
+    char *text = table_text(t, &one);
+    EXPECT(strstr(text, "Self CPU time total (node ") != NULL, "node %d's own table", world - 1);
+    printf("%s", text);
+    free(text);
+    tern_prof_table_free(t);
+
+    unsigned peers = ((1u << world) - 1) & ~1u;
+    check_trace("job", path, peers, sends, true);
+    return 0;
+}
+
 /* --memory: what tern allocates inside a handler's range is counted. */
 static void test_memory(void)
 {
@@ -1695,7 +1918,7 @@ int main(int argc, char **argv)
     const char *mode = argc > 1 ? argv[1] : "";
     const char *env_rank = getenv("TERN_RANK");
     int my_rank = env_rank ? atoi(env_rank) : 0;
-    if (strcmp(mode, "--skew-rank1") == 0) {
+    if (strcmp(mode, "--skew-rank1") == 0 || (strcmp(mode, "--job") == 0 && argc > 2)) {
         if (argc < 3) {
             fprintf(stderr, "--skew-rank1 wants a number of ns\n");
             return 2;
@@ -1743,7 +1966,11 @@ int main(int argc, char **argv)
 
     if (strcmp(mode, "--die") == 0)
         return mode_die();
-    if (rank == 0) {
+    if (strcmp(mode, "--job") == 0) {
+        mode_job();
+        /* Nobody leaves while another still gathers. */
+        OK(tern_barrier(tern_group_world(ctx), NULL));
+    } else if (rank == 0) {
         int64_t t0 = (int64_t)tern_clock_ns();
         if (strcmp(mode, "--memory") == 0) {
             test_memory();
