@@ -38,7 +38,7 @@ build: configure
 demo: build
 	$(BUILD)/tools/tern-run -n 2 --no-prefix --timeout 5m $(BUILD)/perf/tern-perf lat --max-size 1M
 	$(BUILD)/tools/tern-run -n 2 --no-prefix --timeout 5m $(BUILD)/perf/tern-perf bw --min-size 1k --max-size 4M
-	$(BUILD)/tools/tern-run -n 2 --no-prefix --timeout 2m $(BUILD)/examples/tern-rpc-profile $(BUILD)/trace.json
+	$(BUILD)/tools/tern-run -n 2 --no-prefix --timeout 2m $(BUILD)/examples/tern-rpc-profile $(BUILD)/trace.json $(BUILD)/trace_job.json
 
 check: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) $(CTEST_FLAGS)

@@ -13,7 +13,12 @@
  *   3. exports the second session as a chrome trace (chrome://tracing or
  *      https://ui.perfetto.dev), worker1's events on worker0's clock.
  *
- *   tern-run -n 2 tern-rpc-profile [trace.json]      (default /tmp/trace.json)
+ * Then, beyond the recipe, both workers profile a data-parallel step (an
+ * all_reduce of "gradients" and a message around the ring), and worker0
+ * writes one trace of the whole job, every send linked to its receive.
+ *
+ *   tern-run -n 2 tern-rpc-profile [trace.json [job_trace.json]]
+ *                                  (defaults /tmp/trace.json, /tmp/trace_job.json)
  *
  * The Python it mirrors:
  *
@@ -108,6 +113,7 @@ static void print_table(void)
 int main(int argc, char **argv)
 {
     const char *trace = argc > 1 ? argv[1] : "/tmp/trace.json";
+    const char *job_trace = argc > 2 ? argv[2] : "/tmp/trace_job.json";
     tern_ctx_t *ctx;
     TRY(tern_rpc_register("udf_with_ops", udf_with_ops));
     TRY(tern_init(NULL, &ctx));
@@ -167,6 +173,34 @@ int main(int argc, char **argv)
 
         TRY(tern_prof_export_chrome_trace(trace));
         printf("Wrote trace to %s\n", trace);
+    }
+
+    /* Every worker profiles its step; worker0 gathers them into one trace. */
+    int rank = (int)tern_ctx_rank(ctx), world = (int)tern_ctx_world_size(ctx);
+    static float grad[1 << 18];
+    char token = 't';
+    TRY(tern_prof_start(ctx, NULL));
+    {
+        TERN_PROF_SCOPE("train_step");
+        for (size_t i = 0; i < sizeof(grad) / sizeof(grad[0]); i++)
+            grad[i] = (float)rank;
+        TRY(tern_all_reduce(tern_group_world(ctx), grad, grad, sizeof(grad) / sizeof(grad[0]),
+                            TERN_DTYPE_F32, TERN_SUM, NULL));
+        tern_request_t *rq;
+        TRY(tern_irecv(ctx, &token, 1, (rank + world - 1) % world, 0, &rq));
+        TRY(tern_send(ctx, &token, 1, (rank + 1) % world, 0));
+        TRY(tern_request_wait(rq, -1, NULL));
+    }
+    TRY(tern_prof_stop());
+    TRY(tern_prof_export_job_trace(ctx, 0, job_trace));
+    if (rank == 0) {
+        const tern_prof_event_t *ev;
+        size_t nev, sends = 0;
+        TRY(tern_prof_events(&ev, &nev));
+        for (size_t i = 0; i < nev; i++)
+            sends += ev[i].dir == TERN_PROF_DIR_SEND;
+        printf("Wrote the job's trace to %s: %zu events of %d workers on worker0's clock, %zu "
+               "messages each linked to its receive\n", job_trace, nev, world, sends);
     }
     TRY(tern_rpc_shutdown(ctx, 1));
     TRY(tern_finalize(ctx));
