@@ -34,7 +34,17 @@
  *                       under 5 s, the failed call is an event, the table and
  *                       the trace are still made; a session after it works;
  *   --memory            2 ranks: TERN_PROF_MEMORY counts what tern allocates
- *                       inside a handler's range.
+ *                       inside a handler's range;
+ *   --job [N]           every rank profiles a ring of eager and rendezvous
+ *                       messages, messages to rank 0 from any source, an
+ *                       all_reduce and (rank 0) an RPC, then they export one
+ *                       trace: a gather while a rank still profiles fails
+ *                       everywhere; root holds every node's events, every send
+ *                       has one receive that ends after it starts (within the
+ *                       bounds, rank 1's clock N ns off), a collective's
+ *                       messages are its children, one clock per rank, rows
+ *                       on every node, the trace has one arrow per message;
+ *                       the others keep their own results.
  */
 #include <errno.h>
 #include <inttypes.h>
