@@ -38,7 +38,7 @@
  *       100 u16 kind  102 u16 dir  104 u32 name length  108 u32 shapes length,
  *       then name and shapes. */
 #define MAGIC 0x314a5054u /* "TPJ1" */
-#define HEAD 32
+#define HEAD TERN__PROF_JOB_HEAD
 #define EV 112
 
 static size_t blob_size(const tern_prof_event_t *ev, size_t n, size_t msg_len)
@@ -51,7 +51,7 @@ static size_t blob_size(const tern_prof_event_t *ev, size_t n, size_t msg_len)
 
 /* This rank's blob: its results, or why it has none (into head, of HEAD
  * bytes, when there is no memory for more). Free it unless it is head. */
-static uint8_t *encode(uint8_t *head, size_t *len)
+uint8_t *tern__prof_job_encode(uint8_t *head, size_t *len)
 {
     const tern_prof_event_t *ev = NULL;
     size_t n = 0;
@@ -109,8 +109,8 @@ static uint8_t *encode(uint8_t *head, size_t *len)
 }
 
 /* A rank's blob, checked: its event count and the bytes their strings need. */
-static tern_status_t check_blob(const uint8_t *b, size_t len, int rank, int world, size_t *n,
-                                size_t *strbytes)
+tern_status_t tern__prof_job_check(const uint8_t *b, size_t len, int rank, int world, size_t *n,
+                                   size_t *strbytes)
 {
     if (len < HEAD || tern__get_le32(b) != MAGIC)
         return tern__error(TERN_ERR_PROTOCOL, "tern_prof_gather: rank %d sent a malformed blob "
@@ -229,7 +229,7 @@ static tern_status_t merge(const uint8_t *all, const size_t *lens, const size_t 
     tern_status_t st;
     for (int r = 0; r < world; r++) {
         size_t n = 0, sb = 0;
-        if ((st = check_blob(all + displs[r], lens[r], r, world, &n, &sb)) != TERN_OK)
+        if ((st = tern__prof_job_check(all + displs[r], lens[r], r, world, &n, &sb)) != TERN_OK)
             return st;
         total += n;
         strbytes += sb;
@@ -307,7 +307,7 @@ tern_status_t tern_prof_gather(tern_ctx_t *ctx, int root)
         }
     }
     size_t len = 0;
-    uint8_t head[HEAD], *blob = encode(head, &len);
+    uint8_t head[TERN__PROF_JOB_HEAD], *blob = tern__prof_job_encode(head, &len);
     int64_t size = (int64_t)len;
     /* Every rank takes part whatever went wrong on it, so none waits for
      * another; root says whether the blobs may come (it has room for them)
