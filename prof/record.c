@@ -17,6 +17,10 @@
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
+#if defined(__x86_64__)
+#include <cpuid.h>
+#include <x86intrin.h>
+#endif
 
 #include <tern/clock.h>
 #include <tern/tensor.h>
@@ -47,6 +51,10 @@ static atomic_uint_fast64_t next_id = 1;
 
 static pthread_once_t skew_once = PTHREAD_ONCE_INIT;
 static int64_t skew_ns;
+/* Session buffers hold counter ticks (below); false: they hold ns. */
+static bool use_counter;
+
+static bool counter_usable(void);
 
 static void load_skew(void)
 {
@@ -54,6 +62,7 @@ static void load_skew(void)
     /* A bad environment fails tern_init with the detail; here it means no skew. */
     if (tern__config_load(&cfg) == TERN_OK)
         skew_ns = cfg.clock_skew_ns;
+    use_counter = counter_usable();
 }
 
 int64_t tern_prof_clock_ns(void)
@@ -62,10 +71,141 @@ int64_t tern_prof_clock_ns(void)
     return (int64_t)tern_clock_ns() + skew_ns;
 }
 
-/* The hot path's clock: the skew is loaded by tern_prof_start. */
+/* The profiler clock in ns, for what leaves a session buffer as it is
+ * (captures, replies): the skew is loaded by tern_prof_start and
+ * tern__prof_capture_new. */
 static inline int64_t now(void)
 {
     return (int64_t)tern_clock_ns() + skew_ns;
+}
+
+/*
+ * Records in session buffers hold ticks of the CPU's counter instead:
+ * clock_gettime costs more than the rest of a range (docs/perf.md, Profiler),
+ * reading the counter about half of it. Stop turns ticks into ns along the line
+ * through the calibration points of start and stop (tern__prof_calibrate).
+ * The counter must tick at one rate whatever the core's frequency or sleep
+ * state, and agree across cores: on x86-64 an invariant TSC that the kernel
+ * also keeps time with, on aarch64 the generic timer (so by the architecture).
+ * Elsewhere ticks are ns. The read is not ordered with the code around it
+ * (no fence: that costs as much as it saves), so a thread's reads may come
+ * out of order by a few ticks, or differ by the cores' skew after a
+ * migration; buf_tick makes each thread's sequence monotonic, which is what
+ * nesting needs.
+ */
+#if defined(__x86_64__)
+static inline int64_t counter(void)
+{
+    return (int64_t)__rdtsc();
+}
+
+static bool counter_usable(void)
+{
+    unsigned a, b, c, d;
+    /* CPUID 0x80000007 EDX bit 8: invariant TSC (constant rate, runs in
+     * every sleep state). */
+    if (__get_cpuid_max(0x80000000u, NULL) < 0x80000007u)
+        return false;
+    __cpuid(0x80000007u, a, b, c, d);
+    if (!(d & (1u << 8)))
+        return false;
+    /* The kernel stops keeping time with the TSC when it finds the cores'
+     * counters apart or unstable; then so do we. Without sysfs, trust CPUID. */
+    FILE *f = fopen("/sys/devices/system/clocksource/clocksource0/current_clocksource", "r");
+    if (f == NULL)
+        return true;
+    char src[32] = "";
+    bool tsc = fgets(src, sizeof(src), f) != NULL && strncmp(src, "tsc", 3) == 0 &&
+               (src[3] == '\n' || src[3] == '\0');
+    fclose(f);
+    return tsc;
+}
+#elif defined(__aarch64__)
+static inline int64_t counter(void)
+{
+    uint64_t v;
+    __asm__ volatile("mrs %0, cntvct_el0" : "=r"(v));
+    return (int64_t)v;
+}
+
+static bool counter_usable(void)
+{
+    return true;
+}
+#else
+static inline int64_t counter(void)
+{
+    return 0;
+}
+
+static bool counter_usable(void)
+{
+    return false;
+}
+#endif
+
+/* A time for a record in a session buffer: ticks, or ns without a counter. */
+static inline int64_t ticks(void)
+{
+    return use_counter ? counter() : now();
+}
+
+/* t, made no earlier than b's last time: each thread's times are monotonic
+ * (b is the calling thread's own). */
+static inline int64_t buf_tick(tern__prof_buf_t *b, int64_t t)
+{
+    if (t < b->last_tick)
+        return b->last_tick;
+    b->last_tick = t;
+    return t;
+}
+
+/* Tries per calibration point: the one read fastest is kept. */
+#define CAL_TRIES 8
+
+void tern__prof_calibrate(tern__prof_cal_t *c)
+{
+    pthread_once(&skew_once, load_skew);
+    if (!use_counter) {
+        c->ticks = c->ns = now();
+        c->span = 0;
+        return;
+    }
+    c->span = INT64_MAX;
+    for (int i = 0; i < CAL_TRIES; i++) {
+        int64_t t0 = counter(), ns = now(), t1 = counter();
+        /* A negative span is a migration between cores out of step: skip it. */
+        if (t1 >= t0 && t1 - t0 < c->span) {
+            c->ticks = t0 + (t1 - t0) / 2;
+            c->ns = ns;
+            c->span = t1 - t0;
+        }
+    }
+    if (c->span == INT64_MAX) {
+        c->ticks = counter();
+        c->ns = now();
+        c->span = 0;
+    }
+}
+
+void tern__prof_line(tern__prof_line_t *l, const tern__prof_cal_t *a, const tern__prof_cal_t *b)
+{
+    l->ticks = a->ticks;
+    l->ns = a->ns;
+    if (!use_counter)
+        l->ns_per_tick = 1.0; /* ticks are ns: exact */
+    else if (b->ticks > a->ticks && b->ns >= a->ns)
+        l->ns_per_tick = (double)(b->ns - a->ns) / (double)(b->ticks - a->ticks);
+    else
+        l->ns_per_tick = 0; /* a counter that did not advance: every time at a */
+}
+
+int64_t tern__prof_line_ns(const tern__prof_line_t *l, int64_t t)
+{
+    /* Rounded half away from zero, which keeps the order of ticks (equal
+     * ticks may become equal ns, never reversed ones). */
+    double x = (double)(t - l->ticks) * l->ns_per_tick;
+    return l->ns + (int64_t)(x < 0 ? x - 0.5 : x + 0.5);
 }
 
 void tern__prof_load_skew(void)
@@ -361,7 +501,7 @@ static tern_prof_range_t range_begin(const char *name, unsigned kind)
     r->tid = b->tid;
     r->node = -1; /* this process: filled in at stop */
     r->mem = tl_mem;
-    r->start = now();
+    r->start = buf_tick(b, ticks());
     buf_publish(b, i);
     return (uint64_t)b->gen << 32 | (uint64_t)(i + 1);
 }
@@ -410,10 +550,12 @@ void tern_prof_range_end(tern_prof_range_t h)
 {
     if (h == 0)
         return;
-    int64_t t = now();
+    int64_t t = (h & H_CAPTURE) ? now() : ticks();
     tern__prof_capture_t *locked;
     tern__prof_rec_t *r = range_rec(h, &locked);
     if (r != NULL) {
+        if (locked == NULL)
+            t = buf_tick(tl_buf, t);
         r->mem = tl_mem - r->mem;
         atomic_store_explicit(&r->end, t, memory_order_release);
     }
@@ -487,7 +629,13 @@ void tern__prof_op_begin(tern__prof_op_t *op, struct tern__comm *comm, int peer,
     op->tid = tern__prof_tid();
     op->id = tern__prof_new_id();
     op->gen = atomic_load(&tern__prof_session.gen);
-    op->start = now();
+    /* Its events go where the capture's are, in ns, or to a session buffer:
+     * in ticks, after the ranges this thread opened before it. */
+    tern__prof_buf_t *b = tl_buf;
+    if (op->capture != NULL)
+        op->start = now();
+    else
+        op->start = b != NULL ? buf_tick(b, ticks()) : ticks();
 }
 
 void tern__prof_op_drop(tern__prof_op_t *op)
@@ -673,7 +821,7 @@ void tern__prof_op_end(tern__prof_op_t *op, uint64_t bytes, const uint8_t *event
 {
     if (op->name == NULL)
         return;
-    int64_t t = now();
+    int64_t t = op->capture != NULL ? now() : ticks();
     tern__prof_rec_t r;
     memset(&r, 0, sizeof(r));
     tern__prof_rec_set_name(&r, op->name);
@@ -695,6 +843,8 @@ void tern__prof_op_end(tern__prof_op_t *op, uint64_t bytes, const uint8_t *event
         tern__prof_op_drop(op);
         return;
     }
+    if (f.buf != NULL) /* before the ends of the ranges this thread has open */
+        atomic_store_explicit(&r.end, buf_tick(f.buf, t), memory_order_relaxed);
     file_rec(&r, &f);
     if (events != NULL && len > 0) {
         uint32_t dropped = 0;
