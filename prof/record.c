@@ -282,12 +282,9 @@ static void buf_key_init(void)
     pthread_key_create(&buf_key, buf_release);
 }
 
-static tern__prof_buf_t *buf_get(void)
+/* buf_get's first time on a thread, or in a session. */
+static __attribute__((noinline)) tern__prof_buf_t *buf_get_slow(tern__prof_buf_t *b, unsigned gen)
 {
-    tern__prof_buf_t *b = tl_buf;
-    unsigned gen = atomic_load_explicit(&tern__prof_session.gen, memory_order_relaxed);
-    if (b != NULL && b->gen == gen)
-        return b;
     if (b == NULL) {
         pthread_once(&buf_once, buf_key_init);
         b = calloc(1, sizeof(*b));
@@ -310,6 +307,16 @@ static tern__prof_buf_t *buf_get(void)
     return b;
 }
 
+/* This thread's buffer for the running session, or NULL (no memory). */
+static inline tern__prof_buf_t *buf_get(void)
+{
+    tern__prof_buf_t *b = tl_buf;
+    unsigned gen = atomic_load_explicit(&tern__prof_session.gen, memory_order_relaxed);
+    if (b != NULL && b->gen == gen)
+        return b;
+    return buf_get_slow(b, gen);
+}
+
 void tern__prof_buf_reset(tern__prof_buf_t *b)
 {
     size_t n = atomic_load_explicit(&b->count, memory_order_acquire);
@@ -324,27 +331,34 @@ tern__prof_rec_t *tern__prof_buf_at(tern__prof_buf_t *b, size_t i)
     return &b->chunks[i / TERN__PROF_CHUNK][i % TERN__PROF_CHUNK];
 }
 
-/* A new record on this thread's buffer, zeroed, or NULL (counted as dropped). */
-static tern__prof_rec_t *buf_append(tern__prof_buf_t *b, size_t *index)
+/* buf_append where chunk c is not there yet. */
+static __attribute__((noinline)) tern__prof_rec_t *buf_append_slow(tern__prof_buf_t *b, size_t c)
 {
-    size_t n = atomic_load_explicit(&b->count, memory_order_relaxed);
-    size_t c = n / TERN__PROF_CHUNK;
     if (c >= TERN__PROF_CHUNKS) {
         atomic_fetch_add_explicit(&b->dropped, 1, memory_order_relaxed);
         return NULL;
     }
-    if (b->chunks[c] == NULL) {
-        tern__prof_rec_t *chunk = calloc(TERN__PROF_CHUNK, sizeof(*chunk));
-        if (chunk == NULL) {
-            atomic_fetch_add_explicit(&b->dropped, 1, memory_order_relaxed);
-            return NULL;
-        }
-        b->chunks[c] = chunk;
+    tern__prof_rec_t *chunk = calloc(TERN__PROF_CHUNK, sizeof(*chunk));
+    if (chunk == NULL) {
+        atomic_fetch_add_explicit(&b->dropped, 1, memory_order_relaxed);
+        return NULL;
     }
-    tern__prof_rec_t *r = &b->chunks[c][n % TERN__PROF_CHUNK];
-    memset(r, 0, sizeof(*r));
+    b->chunks[c] = chunk;
+    return chunk;
+}
+
+/* A new record on this thread's buffer, or NULL (counted as dropped). Not
+ * zeroed: a slot reused from an earlier session holds its old fields (its
+ * strings freed), and the caller sets every one. */
+static inline tern__prof_rec_t *buf_append(tern__prof_buf_t *b, size_t *index)
+{
+    size_t n = atomic_load_explicit(&b->count, memory_order_relaxed);
+    size_t c = n / TERN__PROF_CHUNK;
+    tern__prof_rec_t *chunk = c < TERN__PROF_CHUNKS ? b->chunks[c] : NULL;
+    if (chunk == NULL && (chunk = buf_append_slow(b, c)) == NULL)
+        return NULL;
     *index = n;
-    return r;
+    return &chunk[n % TERN__PROF_CHUNK];
 }
 
 static void buf_publish(tern__prof_buf_t *b, size_t index)
@@ -470,6 +484,12 @@ void tern__prof_capture_handler(tern__prof_capture_t *c, const char *name, int64
  * capture, the top bit is set and the index is the capture's. */
 #define H_CAPTURE (1ull << 63)
 
+/* range_begin sets each field of a record itself, as buf_append does not
+ * zero it (GCC's inline memset of it costs a third of the range): a field
+ * added to the record must be set there too, and the size below updated. */
+_Static_assert(sizeof(tern__prof_rec_t) == 120 || sizeof(void *) != 8,
+               "a field added to tern__prof_rec_t: set it in range_begin");
+
 static tern_prof_range_t range_begin(const char *name, unsigned kind)
 {
     tern__prof_capture_t *c = tern__prof_tl_capture;
@@ -496,11 +516,18 @@ static tern_prof_range_t range_begin(const char *name, unsigned kind)
     tern__prof_rec_t *r = b != NULL ? buf_append(b, &i) : NULL;
     if (r == NULL)
         return 0;
+    /* Every field (see above): the slot may hold an earlier session's record. */
+    r->flags = 0;
     tern__prof_rec_set_name(r, name);
     r->kind = (uint16_t)kind;
     r->tid = b->tid;
     r->node = -1; /* this process: filled in at stop */
     r->mem = tl_mem;
+    atomic_store_explicit(&r->end, 0, memory_order_relaxed);
+    r->bytes = 0;
+    r->id = 0; /* given at stop */
+    r->parent = 0;
+    r->shapes = NULL;
     r->start = buf_tick(b, ticks());
     buf_publish(b, i);
     return (uint64_t)b->gen << 32 | (uint64_t)(i + 1);

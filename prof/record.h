@@ -21,7 +21,8 @@ enum {
 };
 
 /* In a session buffer, start and end are ticks (tern__prof_calibrate)
- * unless the record is TERN__REC_REMOTE; elsewhere they are ns. */
+ * unless the record is TERN__REC_REMOTE; elsewhere they are ns. range_begin
+ * sets every field itself (buf_append does not zero). */
 typedef struct tern__prof_rec {
     int64_t start;
     _Atomic int64_t end; /* 0 while open */
