@@ -83,7 +83,8 @@ static inline int64_t now(void)
  * Records in session buffers hold ticks of the CPU's counter instead:
  * clock_gettime costs more than the rest of a range (docs/perf.md, Profiler),
  * reading the counter about half of it. Stop turns ticks into ns along the line
- * through the calibration points of start and stop (tern__prof_calibrate).
+ * through the calibration points of start and stop (tern__prof_calibrate); a
+ * slew of CLOCK_MONOTONIC in between is not followed (docs/profiler.md, Costs).
  * The counter must tick at one rate whatever the core's frequency or sleep
  * state, and agree across cores: on x86-64 an invariant TSC that the kernel
  * also keeps time with, on aarch64 the generic timer (so by the architecture).
