@@ -17,6 +17,10 @@
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
+#if defined(__x86_64__)
+#include <cpuid.h>
+#include <x86intrin.h>
+#endif
 
 #include <tern/clock.h>
 #include <tern/tensor.h>
@@ -47,6 +51,10 @@ static atomic_uint_fast64_t next_id = 1;
 
 static pthread_once_t skew_once = PTHREAD_ONCE_INIT;
 static int64_t skew_ns;
+/* Session buffers hold counter ticks (below); false: they hold ns. */
+static bool use_counter;
+
+static bool counter_usable(void);
 
 static void load_skew(void)
 {
@@ -54,6 +62,7 @@ static void load_skew(void)
     /* A bad environment fails tern_init with the detail; here it means no skew. */
     if (tern__config_load(&cfg) == TERN_OK)
         skew_ns = cfg.clock_skew_ns;
+    use_counter = counter_usable();
 }
 
 int64_t tern_prof_clock_ns(void)
@@ -62,10 +71,142 @@ int64_t tern_prof_clock_ns(void)
     return (int64_t)tern_clock_ns() + skew_ns;
 }
 
-/* The hot path's clock: the skew is loaded by tern_prof_start. */
+/* The profiler clock in ns, for what leaves a session buffer as it is
+ * (captures, replies): the skew is loaded by tern_prof_start and
+ * tern__prof_capture_new. */
 static inline int64_t now(void)
 {
     return (int64_t)tern_clock_ns() + skew_ns;
+}
+
+/*
+ * Records in session buffers hold ticks of the CPU's counter instead:
+ * clock_gettime costs more than the rest of a range (docs/perf.md, Profiler),
+ * reading the counter about half of it. Stop turns ticks into ns along the line
+ * through the calibration points of start and stop (tern__prof_calibrate); a
+ * slew of CLOCK_MONOTONIC in between is not followed (docs/profiler.md, Costs).
+ * The counter must tick at one rate whatever the core's frequency or sleep
+ * state, and agree across cores: on x86-64 an invariant TSC that the kernel
+ * also keeps time with, on aarch64 the generic timer (so by the architecture).
+ * Elsewhere ticks are ns. The read is not ordered with the code around it
+ * (no fence: that costs as much as it saves), so a thread's reads may come
+ * out of order by a few ticks, or differ by the cores' skew after a
+ * migration; buf_tick makes each thread's sequence monotonic, which is what
+ * nesting needs.
+ */
+#if defined(__x86_64__)
+static inline int64_t counter(void)
+{
+    return (int64_t)__rdtsc();
+}
+
+static bool counter_usable(void)
+{
+    unsigned a, b, c, d;
+    /* CPUID 0x80000007 EDX bit 8: invariant TSC (constant rate, runs in
+     * every sleep state). */
+    if (__get_cpuid_max(0x80000000u, NULL) < 0x80000007u)
+        return false;
+    __cpuid(0x80000007u, a, b, c, d);
+    if (!(d & (1u << 8)))
+        return false;
+    /* The kernel stops keeping time with the TSC when it finds the cores'
+     * counters apart or unstable; then so do we. Without sysfs, trust CPUID. */
+    FILE *f = fopen("/sys/devices/system/clocksource/clocksource0/current_clocksource", "r");
+    if (f == NULL)
+        return true;
+    char src[32] = "";
+    bool tsc = fgets(src, sizeof(src), f) != NULL && strncmp(src, "tsc", 3) == 0 &&
+               (src[3] == '\n' || src[3] == '\0');
+    fclose(f);
+    return tsc;
+}
+#elif defined(__aarch64__)
+static inline int64_t counter(void)
+{
+    uint64_t v;
+    __asm__ volatile("mrs %0, cntvct_el0" : "=r"(v));
+    return (int64_t)v;
+}
+
+static bool counter_usable(void)
+{
+    return true;
+}
+#else
+static inline int64_t counter(void)
+{
+    return 0;
+}
+
+static bool counter_usable(void)
+{
+    return false;
+}
+#endif
+
+/* A time for a record in a session buffer: ticks, or ns without a counter. */
+static inline int64_t ticks(void)
+{
+    return use_counter ? counter() : now();
+}
+
+/* t, made no earlier than b's last time: each thread's times are monotonic
+ * (b is the calling thread's own). */
+static inline int64_t buf_tick(tern__prof_buf_t *b, int64_t t)
+{
+    if (t < b->last_tick)
+        return b->last_tick;
+    b->last_tick = t;
+    return t;
+}
+
+/* Tries per calibration point: the one read fastest is kept. */
+#define CAL_TRIES 8
+
+void tern__prof_calibrate(tern__prof_cal_t *c)
+{
+    pthread_once(&skew_once, load_skew);
+    if (!use_counter) {
+        c->ticks = c->ns = now();
+        c->span = 0;
+        return;
+    }
+    c->span = INT64_MAX;
+    for (int i = 0; i < CAL_TRIES; i++) {
+        int64_t t0 = counter(), ns = now(), t1 = counter();
+        /* A negative span is a migration between cores out of step: skip it. */
+        if (t1 >= t0 && t1 - t0 < c->span) {
+            c->ticks = t0 + (t1 - t0) / 2;
+            c->ns = ns;
+            c->span = t1 - t0;
+        }
+    }
+    if (c->span == INT64_MAX) {
+        c->ticks = counter();
+        c->ns = now();
+        c->span = 0;
+    }
+}
+
+void tern__prof_line(tern__prof_line_t *l, const tern__prof_cal_t *a, const tern__prof_cal_t *b)
+{
+    l->ticks = a->ticks;
+    l->ns = a->ns;
+    if (!use_counter)
+        l->ns_per_tick = 1.0; /* ticks are ns: exact */
+    else if (b->ticks > a->ticks && b->ns >= a->ns)
+        l->ns_per_tick = (double)(b->ns - a->ns) / (double)(b->ticks - a->ticks);
+    else
+        l->ns_per_tick = 0; /* a counter that did not advance: every time at a */
+}
+
+int64_t tern__prof_line_ns(const tern__prof_line_t *l, int64_t t)
+{
+    /* Rounded half away from zero, which keeps the order of ticks (equal
+     * ticks may become equal ns, never reversed ones). */
+    double x = (double)(t - l->ticks) * l->ns_per_tick;
+    return l->ns + (int64_t)(x < 0 ? x - 0.5 : x + 0.5);
 }
 
 void tern__prof_load_skew(void)
@@ -142,12 +283,9 @@ static void buf_key_init(void)
     pthread_key_create(&buf_key, buf_release);
 }
 
-static tern__prof_buf_t *buf_get(void)
+/* buf_get's first time on a thread, or in a session. */
+static __attribute__((noinline)) tern__prof_buf_t *buf_get_slow(tern__prof_buf_t *b, unsigned gen)
 {
-    tern__prof_buf_t *b = tl_buf;
-    unsigned gen = atomic_load_explicit(&tern__prof_session.gen, memory_order_relaxed);
-    if (b != NULL && b->gen == gen)
-        return b;
     if (b == NULL) {
         pthread_once(&buf_once, buf_key_init);
         b = calloc(1, sizeof(*b));
@@ -170,6 +308,16 @@ static tern__prof_buf_t *buf_get(void)
     return b;
 }
 
+/* This thread's buffer for the running session, or NULL (no memory). */
+static inline tern__prof_buf_t *buf_get(void)
+{
+    tern__prof_buf_t *b = tl_buf;
+    unsigned gen = atomic_load_explicit(&tern__prof_session.gen, memory_order_relaxed);
+    if (b != NULL && b->gen == gen)
+        return b;
+    return buf_get_slow(b, gen);
+}
+
 void tern__prof_buf_reset(tern__prof_buf_t *b)
 {
     size_t n = atomic_load_explicit(&b->count, memory_order_acquire);
@@ -184,27 +332,34 @@ tern__prof_rec_t *tern__prof_buf_at(tern__prof_buf_t *b, size_t i)
     return &b->chunks[i / TERN__PROF_CHUNK][i % TERN__PROF_CHUNK];
 }
 
-/* A new record on this thread's buffer, zeroed, or NULL (counted as dropped). */
-static tern__prof_rec_t *buf_append(tern__prof_buf_t *b, size_t *index)
+/* buf_append where chunk c is not there yet. */
+static __attribute__((noinline)) tern__prof_rec_t *buf_append_slow(tern__prof_buf_t *b, size_t c)
 {
-    size_t n = atomic_load_explicit(&b->count, memory_order_relaxed);
-    size_t c = n / TERN__PROF_CHUNK;
     if (c >= TERN__PROF_CHUNKS) {
         atomic_fetch_add_explicit(&b->dropped, 1, memory_order_relaxed);
         return NULL;
     }
-    if (b->chunks[c] == NULL) {
-        tern__prof_rec_t *chunk = calloc(TERN__PROF_CHUNK, sizeof(*chunk));
-        if (chunk == NULL) {
-            atomic_fetch_add_explicit(&b->dropped, 1, memory_order_relaxed);
-            return NULL;
-        }
-        b->chunks[c] = chunk;
+    tern__prof_rec_t *chunk = calloc(TERN__PROF_CHUNK, sizeof(*chunk));
+    if (chunk == NULL) {
+        atomic_fetch_add_explicit(&b->dropped, 1, memory_order_relaxed);
+        return NULL;
     }
-    tern__prof_rec_t *r = &b->chunks[c][n % TERN__PROF_CHUNK];
-    memset(r, 0, sizeof(*r));
+    b->chunks[c] = chunk;
+    return chunk;
+}
+
+/* A new record on this thread's buffer, or NULL (counted as dropped). Not
+ * zeroed: a slot reused from an earlier session holds its old fields (its
+ * strings freed), and the caller sets every one. */
+static inline tern__prof_rec_t *buf_append(tern__prof_buf_t *b, size_t *index)
+{
+    size_t n = atomic_load_explicit(&b->count, memory_order_relaxed);
+    size_t c = n / TERN__PROF_CHUNK;
+    tern__prof_rec_t *chunk = c < TERN__PROF_CHUNKS ? b->chunks[c] : NULL;
+    if (chunk == NULL && (chunk = buf_append_slow(b, c)) == NULL)
+        return NULL;
     *index = n;
-    return r;
+    return &chunk[n % TERN__PROF_CHUNK];
 }
 
 static void buf_publish(tern__prof_buf_t *b, size_t index)
@@ -330,6 +485,12 @@ void tern__prof_capture_handler(tern__prof_capture_t *c, const char *name, int64
  * capture, the top bit is set and the index is the capture's. */
 #define H_CAPTURE (1ull << 63)
 
+/* range_begin sets each field of a record itself, as buf_append does not
+ * zero it (GCC's inline memset of it costs a third of the range): a field
+ * added to the record must be set there too, and the size below updated. */
+_Static_assert(sizeof(tern__prof_rec_t) == 120 || sizeof(void *) != 8,
+               "a field added to tern__prof_rec_t: set it in range_begin");
+
 static tern_prof_range_t range_begin(const char *name, unsigned kind)
 {
     tern__prof_capture_t *c = tern__prof_tl_capture;
@@ -356,12 +517,19 @@ static tern_prof_range_t range_begin(const char *name, unsigned kind)
     tern__prof_rec_t *r = b != NULL ? buf_append(b, &i) : NULL;
     if (r == NULL)
         return 0;
+    /* Every field (see above): the slot may hold an earlier session's record. */
+    r->flags = 0;
     tern__prof_rec_set_name(r, name);
     r->kind = (uint16_t)kind;
     r->tid = b->tid;
     r->node = -1; /* this process: filled in at stop */
     r->mem = tl_mem;
-    r->start = now();
+    atomic_store_explicit(&r->end, 0, memory_order_relaxed);
+    r->bytes = 0;
+    r->id = 0; /* given at stop */
+    r->parent = 0;
+    r->shapes = NULL;
+    r->start = buf_tick(b, ticks());
     buf_publish(b, i);
     return (uint64_t)b->gen << 32 | (uint64_t)(i + 1);
 }
@@ -410,10 +578,12 @@ void tern_prof_range_end(tern_prof_range_t h)
 {
     if (h == 0)
         return;
-    int64_t t = now();
+    int64_t t = (h & H_CAPTURE) ? now() : ticks();
     tern__prof_capture_t *locked;
     tern__prof_rec_t *r = range_rec(h, &locked);
     if (r != NULL) {
+        if (locked == NULL)
+            t = buf_tick(tl_buf, t);
         r->mem = tl_mem - r->mem;
         atomic_store_explicit(&r->end, t, memory_order_release);
     }
@@ -505,7 +675,13 @@ void tern__prof_op_begin(tern__prof_op_t *op, struct tern__comm *comm, int peer,
     op->tid = tern__prof_tid();
     op->id = tern__prof_new_id();
     op->gen = atomic_load(&tern__prof_session.gen);
-    op->start = now();
+    /* Its events go where the capture's are, in ns, or to a session buffer:
+     * in ticks, after the ranges this thread opened before it. */
+    tern__prof_buf_t *b = tl_buf;
+    if (op->capture != NULL)
+        op->start = now();
+    else
+        op->start = b != NULL ? buf_tick(b, ticks()) : ticks();
 }
 
 void tern__prof_op_drop(tern__prof_op_t *op)
@@ -696,7 +872,7 @@ void tern__prof_op_end(tern__prof_op_t *op, uint64_t bytes, const uint8_t *event
 {
     if (op->name == NULL)
         return;
-    int64_t t = now();
+    int64_t t = op->capture != NULL ? now() : ticks();
     tern__prof_rec_t r;
     memset(&r, 0, sizeof(r));
     tern__prof_rec_set_name(&r, op->name);
@@ -722,6 +898,8 @@ void tern__prof_op_end(tern__prof_op_t *op, uint64_t bytes, const uint8_t *event
         tern__prof_op_drop(op);
         return;
     }
+    if (f.buf != NULL) /* before the ends of the ranges this thread has open */
+        atomic_store_explicit(&r.end, buf_tick(f.buf, t), memory_order_relaxed);
     file_rec(&r, &f);
     if (events != NULL && len > 0) {
         uint32_t dropped = 0;

@@ -22,6 +22,9 @@ enum {
     TERN__REC_RECV = 1u << 4,      /* a message's receiving end */
 };
 
+/* In a session buffer, start and end are ticks (tern__prof_calibrate)
+ * unless the record is TERN__REC_REMOTE; elsewhere they are ns. range_begin
+ * sets every field itself (buf_append does not zero). */
 typedef struct tern__prof_rec {
     int64_t start;
     _Atomic int64_t end; /* 0 while open */
@@ -51,6 +54,7 @@ typedef struct tern__prof_buf {
     uint64_t tid;
     unsigned gen;
     bool orphan; /* its thread has exited */
+    int64_t last_tick; /* the owner's latest time: its times never go back */
 } tern__prof_buf_t;
 
 typedef void (*tern__prof_contact_fn)(struct tern__comm *comm, int peer);
@@ -81,6 +85,26 @@ typedef struct tern__prof_ping {
 extern tern__prof_ping_t tern__prof_ping;
 
 void tern__prof_load_skew(void);
+
+/* A calibration point of the ticks in session buffers: the counter's value
+ * (the middle of two reads) when tern_prof_clock_ns() read ns, and the ticks
+ * the reads were apart (how far off ticks may be). Where there is no counter,
+ * ticks are ns and equal. */
+typedef struct tern__prof_cal {
+    int64_t ticks, ns, span;
+} tern__prof_cal_t;
+
+void tern__prof_calibrate(tern__prof_cal_t *c);
+
+/* The line through a session's two points: time t is ns + (t - ticks) * ns_per_tick. */
+typedef struct tern__prof_line {
+    int64_t ticks, ns;
+    double ns_per_tick;
+} tern__prof_line_t;
+
+void tern__prof_line(tern__prof_line_t *l, const tern__prof_cal_t *a, const tern__prof_cal_t *b);
+/* Never reverses the order of two times (equal ticks stay equal). */
+int64_t tern__prof_line_ns(const tern__prof_line_t *l, int64_t ticks);
 uint64_t tern__prof_tid(void);
 uint64_t tern__prof_new_id(void);
 void tern__prof_rec_set_name(tern__prof_rec_t *r, const char *name);

@@ -41,6 +41,7 @@ static struct {
     int64_t refresh_ns;
     unsigned samples;
     int64_t t_start, t_stop;
+    tern__prof_cal_t cal_start, cal_stop; /* of the ticks in session buffers */
     peer_clocks_t *clocks; /* [world] */
     /* results */
     tern_prof_event_t *events;
@@ -294,7 +295,9 @@ tern_status_t tern_prof_start(tern_ctx_t *ctx, const tern_prof_config_t *config)
     atomic_store(&tern__prof_session.rank, (int)comm->rank);
     atomic_store(&tern__prof_session.first_contact, first_contact);
     atomic_fetch_add(&tern__prof_session.gen, 1);
-    S.t_start = tern_prof_clock_ns();
+    /* Before any record: the session's ticks lie after this point. */
+    tern__prof_calibrate(&S.cal_start);
+    S.t_start = S.cal_start.ns;
     atomic_store(&tern__prof_on, 1);
     return TERN_OK;
 }
@@ -311,6 +314,7 @@ typedef struct raw {
     uint64_t dropped;
     unsigned gen;
     int64_t t_stop;
+    tern__prof_line_t line; /* the session's ticks to ns */
 } raw_t;
 
 static void collect(tern__prof_buf_t *b, void *arg)
@@ -337,7 +341,14 @@ static void collect(tern__prof_buf_t *b, void *arg)
         /* Field by field: the owner may still be ending an open range, whose
          * memory count and bytes are written before its end (release). */
         int64_t end = atomic_load_explicit(&r->end, memory_order_acquire);
-        d->start = r->start;
+        bool open = end == 0;
+        /* Ticks to ns, but for the remote events (ns of their node). */
+        if (!(r->flags & TERN__REC_REMOTE)) {
+            d->start = tern__prof_line_ns(&raw->line, r->start);
+            end = open ? end : tern__prof_line_ns(&raw->line, end);
+        } else {
+            d->start = r->start;
+        }
         d->tid = r->tid;
         d->id = r->id;
         d->parent = r->parent;
@@ -348,10 +359,10 @@ static void collect(tern__prof_buf_t *b, void *arg)
         d->flags = r->flags; /* takes the strings: the buffer forgets them */
         d->name = r->name;
         d->shapes = r->shapes;
-        d->bytes = end != 0 ? r->bytes : 0;
-        d->mem = end != 0 ? r->mem : 0;
+        d->bytes = !open ? r->bytes : 0;
+        d->mem = !open ? r->mem : 0;
         /* A range still open at stop ends there. */
-        atomic_store_explicit(&d->end, end != 0 ? end : raw->t_stop, memory_order_relaxed);
+        atomic_store_explicit(&d->end, !open ? end : raw->t_stop, memory_order_relaxed);
         r->flags = 0;
         r->shapes = NULL;
     }
@@ -427,9 +438,12 @@ tern_status_t tern_prof_stop(void)
     S.running = false; /* no more first contacts */
     pthread_mutex_unlock(&S.lock);
     atomic_store(&tern__prof_on, 0);
-    S.t_stop = tern_prof_clock_ns();
+    /* An open range ends here: at ns that its children's ticks map below. */
+    tern__prof_calibrate(&S.cal_stop);
+    S.t_stop = S.cal_stop.ns;
 
     raw_t raw = {.gen = atomic_load(&tern__prof_session.gen), .t_stop = S.t_stop};
+    tern__prof_line(&raw.line, &S.cal_start, &S.cal_stop);
     tern__prof_each_buf(collect, &raw);
 
     /* A last estimate of every remote node seen, which also brackets the

@@ -115,7 +115,9 @@ static inline void tern__prof_scope_end(tern_prof_range_t *r)
     tern_prof_range_t TERN__PROF_CAT(tern__prof_scope_, __LINE__)                               \
         __attribute__((cleanup(tern__prof_scope_end), unused)) = tern_prof_range_begin(name)
 
-/* The profiler's clock: tern_clock_ns() plus TERN_CLOCK_SKEW_NS (for tests). */
+/* The profiler's clock: tern_clock_ns() plus TERN_CLOCK_SKEW_NS (for tests).
+ * Events' times are on it; this process's are recorded on the CPU's counter
+ * where it has a usable one and put on this clock at tern_prof_stop. */
 TERN_API int64_t tern_prof_clock_ns(void);
 
 /* ---- clocks ---- */

@@ -5,8 +5,9 @@
  * handle from the last session, TERN_PROF_SCOPE, bytes, long names),
  * key_averages (calls, totals) and the printed table (columns, footer, sort,
  * limit, one node, memory and shape columns), results replaced by the next
- * session, and the result functions' errors. Times are only compared with
- * each other: nothing here assumes a speed.
+ * session, the result functions' errors, and ranges and an operation timed
+ * on the CPU's counter against tern_prof_clock_ns(). Times are only compared
+ * with each other: nothing here assumes a speed.
  */
 #include <pthread.h>
 #include <setjmp.h>
@@ -722,6 +723,92 @@ static void test_clock(void **state)
     assert_int_equal(tern_prof_clock_estimate(ctx, 0, 0, NULL), TERN_ERR_INVALID_PARAM);
 }
 
+/*
+ * Records are timed on the CPU's counter where there is a usable one, and
+ * put on the profiler clock at stop through a point taken at start and one at
+ * stop. Each range must lie between tern_prof_clock_ns() read just before
+ * and just after it, but for the error of those points (tens of ns); a
+ * conversion on the wrong line, or ticks left as ticks, is off by far more.
+ * Nesting stays exact: with a collective (an operation, filed on this
+ * thread's buffer at its end) inside ranges, and over a session of some
+ * milliseconds and one of a few microseconds.
+ */
+#define CLOCK_SLACK_NS 1000
+
+static void between(const tern_prof_event_t *e, int64_t before, int64_t after)
+{
+    if (e->start_ns < before - CLOCK_SLACK_NS || e->end_ns > after + CLOCK_SLACK_NS)
+        fail_msg("'%s' at [%lld, %lld] ns, read around it [%lld, %lld]", e->name,
+                 (long long)e->start_ns, (long long)e->end_ns, (long long)before, (long long)after);
+}
+
+static void test_counter_clock(void **state)
+{
+    (void)state;
+    enum { K = 40 };
+    int64_t before[K], after[K];
+    tern_group_t *world = tern_group_world(ctx);
+    assert_non_null(world);
+    int32_t x = 1, y = 0;
+    start(0);
+    for (int k = 0; k < K; k++) {
+        char name[32], inner[32];
+        snprintf(name, sizeof(name), "tick %d", k);
+        snprintf(inner, sizeof(inner), "tick %d inner", k);
+        before[k] = tern_prof_clock_ns();
+        tern_prof_range_t o = tern_prof_range_begin(name);
+        tern_prof_range_t i = tern_prof_range_begin(inner);
+        if (k == K / 2)
+            assert_int_equal(tern_all_reduce(world, &x, &y, 1, TERN_DTYPE_I32, TERN_SUM, NULL),
+                             TERN_OK);
+        tern_prof_range_end(i);
+        tern_prof_range_end(o);
+        after[k] = tern_prof_clock_ns();
+        if (k % 10 == 9)
+            usleep(2000);
+    }
+    stop();
+    assert_int_equal(y, 1);
+    for (int k = 0; k < K; k++) {
+        char name[32], inner[32];
+        snprintf(name, sizeof(name), "tick %d", k);
+        snprintf(inner, sizeof(inner), "tick %d inner", k);
+        const tern_prof_event_t *o = the(name), *i = the(inner);
+        between(o, before[k], after[k]);
+        between(i, before[k], after[k]);
+        assert_true(inside(i, o));
+        assert_int_equal(o->depth, 0);
+        assert_int_equal(i->depth, 1);
+        assert_int_equal(o->self_ns, dur(o) - dur(i));
+    }
+    /* The collective: an operation (no depth, nests nothing), inside the
+     * ranges it ran in, on the same clock. */
+    const tern_prof_event_t *ev, *coll = NULL;
+    size_t n;
+    events(&ev, &n);
+    for (size_t j = 0; j < n; j++)
+        if (ev[j].kind == TERN_PROF_KIND_COLL)
+            coll = &ev[j];
+    assert_non_null(coll);
+    char mid[32];
+    snprintf(mid, sizeof(mid), "tick %d inner", K / 2);
+    assert_true(inside(coll, the(mid)));
+    between(coll, before[K / 2], after[K / 2]);
+
+    /* A session of a few microseconds: its two points are close together. */
+    start(0);
+    int64_t b0 = tern_prof_clock_ns();
+    tern_prof_range_t o = tern_prof_range_begin("short");
+    tern_prof_range_t i = tern_prof_range_begin("short inner");
+    tern_prof_range_end(i);
+    tern_prof_range_end(o);
+    int64_t a0 = tern_prof_clock_ns();
+    stop();
+    between(the("short"), b0, a0);
+    assert_true(inside(the("short inner"), the("short")));
+    assert_int_equal(the("short inner")->depth, 1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -730,7 +817,7 @@ int main(void)
         cmocka_unit_test(test_names),          cmocka_unit_test(test_threads),
         cmocka_unit_test(test_open_at_stop),   cmocka_unit_test(test_key_averages),
         cmocka_unit_test(test_memory_columns), cmocka_unit_test(test_replaced),
-        cmocka_unit_test(test_clock),
+        cmocka_unit_test(test_clock),          cmocka_unit_test(test_counter_clock),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
