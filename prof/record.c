@@ -488,7 +488,7 @@ void tern__prof_capture_handler(tern__prof_capture_t *c, const char *name, int64
 /* range_begin sets each field of a record itself, as buf_append does not
  * zero it (GCC's inline memset of it costs a third of the range): a field
  * added to the record must be set there too, and the size below updated. */
-_Static_assert(sizeof(tern__prof_rec_t) == 120 || sizeof(void *) != 8,
+_Static_assert(sizeof(tern__prof_rec_t) == 136 || sizeof(void *) != 8,
                "a field added to tern__prof_rec_t: set it in range_begin");
 
 static tern_prof_range_t range_begin(const char *name, unsigned kind)
@@ -528,6 +528,8 @@ static tern_prof_range_t range_begin(const char *name, unsigned kind)
     r->bytes = 0;
     r->id = 0; /* given at stop */
     r->parent = 0;
+    r->seq = 0;
+    r->peer = -1;
     r->shapes = NULL;
     r->start = buf_tick(b, ticks());
     buf_publish(b, i);
