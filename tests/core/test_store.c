@@ -362,6 +362,8 @@ static void *blocked_get(void *arg)
     void *v;
     size_t len;
     b->st = tern_store_get(b->s, "never", &v, &len, 60 * SEC);
+    if (b->st == TERN_OK)
+        free(v);
     return NULL;
 }
 
