@@ -22,7 +22,14 @@
  * and S so that T is rank 0 (whose store calls also serve the store), and,
  * with 3+ ranks, T and S both other than 0.
  *
- *   ep_store_ranks ping|credit|rndv
+ * And one more mode:
+ *   store-lost  rank 0 (the store) dies right after tern_init; once the
+ *           others see their store connection closed, each sends to the
+ *           next rank, a first contact: the send fails at once with
+ *           TERN_ERR_PEER_LOST saying the address could not be read, no
+ *           hang (3+ ranks).
+ *
+ *   ep_store_ranks ping|credit|rndv|store-lost
  *
  * Exits 0 when every check on this rank held; each failure is printed.
  */
@@ -33,6 +40,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <tern/tern.h>
 
@@ -46,7 +54,7 @@
 #define CREDIT_SIZE 4096
 #define RNDV_SIZE ((size_t)1 << 20)
 
-typedef enum { WORK_PING, WORK_CREDIT, WORK_RNDV } work_t;
+typedef enum { WORK_PING, WORK_CREDIT, WORK_RNDV, WORK_STORE_LOST } work_t;
 typedef enum { CALL_WAIT, CALL_GET, CALL_BARRIER } call_t;
 static const char *const call_name[] = {"tern_store_wait", "tern_store_get", "tern_store_barrier"};
 
@@ -161,6 +169,8 @@ static void sender_work(work_t mode, unsigned t)
         }
         break;
     }
+    case WORK_STORE_LOST: /* no pairs: store_lost() */
+        break;
     }
     fprintf(stderr, "rank %u: %s work with rank %u took %.1f ms\n", rank,
             mode == WORK_PING ? "ping" : mode == WORK_CREDIT ? "credit" : "rndv", t,
@@ -254,6 +264,44 @@ static void target(work_t mode, unsigned s_idx, unsigned s, call_t call)
     }
 }
 
+/* Rank 0 dies; the others' first sends fail at once, saying why. */
+static void store_lost(void)
+{
+    char key[64];
+    tern_status_t st;
+    /* Rank 0 dies once every other rank is out of tern_init and has read
+     * the answer to its last store call. */
+    if (rank == 0) {
+        for (unsigned r = 1; r < world; r++) {
+            const char *keys[1] = {key};
+            snprintf(key, sizeof(key), "ep/lost/%u", r);
+            st = tern_store_wait(store, keys, 1, TARGET_NS);
+            CHECK(st == TERN_OK, "waiting for rank %u: %s", r, tern_strerror(st));
+        }
+        _exit(failures == 0 ? 0 : 1); /* no finalize: the store goes with the process */
+    }
+    snprintf(key, sizeof(key), "ep/lost/%u", rank);
+    st = tern_store_set(store, key, "1", 1);
+    CHECK(st == TERN_OK, "set %s: %s", key, tern_strerror(st));
+    int64_t t0 = now_ns();
+    int exists;
+    while ((st = tern_store_check(store, "ep/nothing", &exists)) == TERN_OK &&
+           now_ns() - t0 < 30 * SEC)
+        nap_ms(10);
+    CHECK(st == TERN_ERR_PEER_LOST, "the store's loss, seen on this rank's connection: %s",
+          tern_strerror(st));
+    unsigned to = rank + 1 < world ? rank + 1 : 1;
+    uint64_t v = 42;
+    t0 = now_ns();
+    st = tern_send(ctx, &v, sizeof(v), (int)to, 0);
+    double ms = (double)(now_ns() - t0) / (double)MS;
+    CHECK(st == TERN_ERR_PEER_LOST && strstr(tern_last_error(), "address") != NULL,
+          "a first send to rank %u with the store gone: %s", to, tern_strerror(st));
+    CHECK(ms < 2000, "a first send to rank %u with the store gone took %.0f ms", to, ms);
+    fprintf(stderr, "rank %u: send to rank %u without a store: %s in %.1f ms [%s]\n", rank, to,
+            tern_strerror(st), ms, tern_last_error());
+}
+
 int main(int argc, char **argv)
 {
     work_t mode;
@@ -263,8 +311,10 @@ int main(int argc, char **argv)
         mode = WORK_CREDIT;
     } else if (argc == 2 && strcmp(argv[1], "rndv") == 0) {
         mode = WORK_RNDV;
+    } else if (argc == 2 && strcmp(argv[1], "store-lost") == 0) {
+        mode = WORK_STORE_LOST;
     } else {
-        fprintf(stderr, "usage: %s ping|credit|rndv\n", argv[0]);
+        fprintf(stderr, "usage: %s ping|credit|rndv|store-lost\n", argv[0]);
         return 2;
     }
     if (tern_init(NULL, &ctx) != TERN_OK) {
@@ -278,6 +328,18 @@ int main(int argc, char **argv)
         fprintf(stderr, "needs 2 or more ranks\n");
         tern_finalize(ctx);
         return 77;
+    }
+    if (mode == WORK_STORE_LOST) {
+        if (world < 3) {
+            fprintf(stderr, "store-lost needs 3 or more ranks\n");
+            return 2;
+        }
+        store_lost();
+        /* Without a store the finalize barrier fails; it frees all the same. */
+        tern_finalize(ctx);
+        if (failures == 0)
+            fprintf(stderr, "rank %u: ok\n", rank);
+        return failures == 0 ? 0 : 1;
     }
 
     /* Every pair once. T is the higher rank of the pair except for the
