@@ -144,6 +144,22 @@ tern_status_t tern__kv_join(tern__kv_t *kv, unsigned rank, unsigned world_size)
     return TERN_OK;
 }
 
+tern_status_t tern__kv_check_member(const tern__kv_t *kv, unsigned rank, unsigned world_size)
+{
+    if (world_size != kv->world_size)
+        return tern__error(TERN_ERR_MISMATCH,
+                           "world size mismatch: rank %u says %u ranks, the store (rank 0) serves %u",
+                           rank, world_size, kv->world_size);
+    if (rank >= kv->world_size)
+        return tern__error(TERN_ERR_INVALID_PARAM, "rank %u is out of range for a world of %u", rank,
+                           kv->world_size);
+    if (!kv->joined[rank])
+        return tern__error(TERN_ERR_MISMATCH,
+                           "a further connection of rank %u, which is not connected to the store",
+                           rank);
+    return TERN_OK;
+}
+
 void tern__kv_leave(tern__kv_t *kv, unsigned rank)
 {
     if (rank < kv->world_size && kv->joined[rank]) {

@@ -35,6 +35,12 @@ tern_status_t tern__kv_add(tern__kv_t *kv, const char *key, int64_t delta, int64
  */
 tern_status_t tern__kv_join(tern__kv_t *kv, unsigned rank, unsigned world_size);
 void tern__kv_leave(tern__kv_t *kv, unsigned rank);
+/*
+ * TERN_OK if rank, of a world of world_size, has joined: what a further
+ * connection of that rank needs (it does not join again). Otherwise
+ * TERN_ERR_MISMATCH or TERN_ERR_INVALID_PARAM, as tern__kv_join says.
+ */
+tern_status_t tern__kv_check_member(const tern__kv_t *kv, unsigned rank, unsigned world_size);
 unsigned tern__kv_members(const tern__kv_t *kv);
 
 /* Copy out a malloc'ed, NUL-terminated value (the store's get contract). */

@@ -35,6 +35,10 @@ struct tern_store {
     tern_status_t failed; /* sticky: the stream is unusable after an I/O error */
     char failed_detail[TERN__ERROR_MAX];
     char where[300];
+    /* what a further connection (tern__store_connect_aux) needs */
+    char host[256];
+    unsigned port, rank, world_size;
+    int64_t connect_timeout_ns;
     /* memory store */
     tern__kv_t *kv;
     pthread_cond_t cond;
@@ -163,16 +167,17 @@ out:
     return st;
 }
 
-tern_status_t tern_store_connect(const char *host, unsigned port, unsigned rank,
-                                 unsigned world_size, int64_t connect_timeout_ns,
-                                 int64_t timeout_ns, tern_store_t **store_out)
+/* Connect and say hello (op: HELLO, or HELLO_AUX for a further connection). */
+static tern_status_t store_connect(const char *host, unsigned port, unsigned rank,
+                                   unsigned world_size, uint8_t op, int64_t connect_timeout_ns,
+                                   int64_t timeout_ns, tern_store_t **store_out)
 {
     tern_store_t *s;
     tern_status_t st;
     uint64_t deadline;
 
     if (host == NULL || store_out == NULL || port == 0 || port > 65535 || world_size == 0 ||
-        rank >= world_size || connect_timeout_ns < 0)
+        rank >= world_size || connect_timeout_ns < 0 || strlen(host) >= sizeof(s->host))
         return tern__error(TERN_ERR_INVALID_PARAM,
                            "store connect: bad arguments (host %s, port %u, rank %u of %u)",
                            host ? host : "NULL", port, rank, world_size);
@@ -180,13 +185,18 @@ tern_status_t tern_store_connect(const char *host, unsigned port, unsigned rank,
     if (s == NULL)
         return tern__error(TERN_ERR_NO_MEMORY, "store: no memory");
     snprintf(s->where, sizeof(s->where), "%s:%u", host, port);
+    snprintf(s->host, sizeof(s->host), "%s", host);
+    s->port = port;
+    s->rank = rank;
+    s->world_size = world_size;
+    s->connect_timeout_ns = connect_timeout_ns;
     deadline = tern__deadline(connect_timeout_ns);
     st = tern__sock_connect(host, port, deadline, &s->fd);
     if (st != TERN_OK)
         goto fail;
     /* HELLO gets the whole connect timeout: rank 0 may still be starting. */
-    st = tcp_request(s, TERN__STORE_HELLO, NULL, 0, NULL, 0,
-                     (int64_t)((uint64_t)rank << 32 | world_size), deadline, NULL, NULL, NULL);
+    st = tcp_request(s, op, NULL, 0, NULL, 0, (int64_t)((uint64_t)rank << 32 | world_size),
+                     deadline, NULL, NULL, NULL);
     if (st != TERN_OK)
         goto fail;
     *store_out = s;
@@ -194,6 +204,26 @@ tern_status_t tern_store_connect(const char *host, unsigned port, unsigned rank,
 fail:
     tern_store_close(s);
     return st;
+}
+
+tern_status_t tern_store_connect(const char *host, unsigned port, unsigned rank,
+                                 unsigned world_size, int64_t connect_timeout_ns,
+                                 int64_t timeout_ns, tern_store_t **store_out)
+{
+    return store_connect(host, port, rank, world_size, TERN__STORE_HELLO, connect_timeout_ns,
+                         timeout_ns, store_out);
+}
+
+tern_status_t tern__store_connect_aux(tern_store_t *store, tern_store_t **aux_out)
+{
+    if (store == NULL || aux_out == NULL)
+        return tern__error(TERN_ERR_INVALID_PARAM, "store: connect_aux: NULL argument");
+    *aux_out = NULL;
+    if (store->kv != NULL)
+        return TERN_OK;
+    return store_connect(store->host, store->port, store->rank, store->world_size,
+                         TERN__STORE_HELLO_AUX, store->connect_timeout_ns, store->timeout_ns,
+                         aux_out);
 }
 
 /* ---- memory store ---- */

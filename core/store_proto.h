@@ -6,10 +6,14 @@
  * response: magic u32 | status i32 | body_len u32 | 0 u32 | value i64
  *           body = the value (GET) or the error detail (status < 0)
  *
- * arg: HELLO rank << 32 | world_size; GET/WAIT timeout in ns; ADD delta.
+ * arg: HELLO and HELLO_AUX rank << 32 | world_size; GET/WAIT timeout in ns;
+ * ADD delta.
  * value: ADD the new total; CHECK 1 if the key exists.
  * A client has at most one request outstanding. The first request on a
- * connection must be HELLO; anything malformed closes the connection.
+ * connection must be HELLO, or HELLO_AUX: a further connection of a rank
+ * whose HELLO connection is open (tern__store_connect_aux), which is not a
+ * member of the job (no duplicate-rank refusal; shutdown does not wait for
+ * it). Anything malformed closes the connection.
  */
 #ifndef TERN_CORE_STORE_PROTO_H
 #define TERN_CORE_STORE_PROTO_H
@@ -36,6 +40,7 @@ enum tern__store_op {
     TERN__STORE_ADD = 4,
     TERN__STORE_WAIT = 5,
     TERN__STORE_CHECK = 6,
+    TERN__STORE_HELLO_AUX = 7,
 };
 
 #endif

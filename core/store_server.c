@@ -36,6 +36,7 @@ typedef struct conn {
     struct conn *next;
     int fd;
     int rank; /* -1 until HELLO */
+    bool aux; /* said HELLO_AUX: a further connection of rank, not a member */
     uint8_t hdr[TERN__STORE_HDR_SIZE];
     size_t hdr_got;
     uint8_t *body;
@@ -104,7 +105,7 @@ static void conn_close(tern_store_server_t *s, conn_t *c)
         shutdown(c->fd, SHUT_WR);
     }
     close(c->fd);
-    if (c->rank >= 0) {
+    if (c->rank >= 0 && !c->aux) {
         tern__kv_leave(s->kv, (unsigned)c->rank);
         pthread_mutex_lock(&s->lock);
         s->members--;
@@ -277,13 +278,15 @@ static bool handle(tern_store_server_t *s, conn_t *c)
 
     if (version != TERN__STORE_VERSION)
         return protocol_error(s, c, "protocol version mismatch (is every rank the same tern build?)");
-    if (c->rank < 0 && op != TERN__STORE_HELLO)
+    bool hello = op == TERN__STORE_HELLO || op == TERN__STORE_HELLO_AUX;
+    if (c->rank < 0 && !hello)
         return protocol_error(s, c, "first request is not HELLO");
-    if (op == TERN__STORE_HELLO) {
+    if (hello) {
         if (c->rank >= 0 || nkeys != 0)
             return protocol_error(s, c, "unexpected HELLO");
         unsigned rank = (unsigned)((uint64_t)arg >> 32), world = (unsigned)(arg & 0xffffffff);
-        st = tern__kv_join(s->kv, rank, world);
+        bool aux = op == TERN__STORE_HELLO_AUX;
+        st = aux ? tern__kv_check_member(s->kv, rank, world) : tern__kv_join(s->kv, rank, world);
         if (st != TERN_OK) {
             tern_warn("store: refusing a client: %s", tern_last_error());
             c->closing = true;
@@ -291,10 +294,13 @@ static bool handle(tern_store_server_t *s, conn_t *c)
             return false;
         }
         c->rank = (int)rank;
-        pthread_mutex_lock(&s->lock);
-        s->members++;
-        pthread_mutex_unlock(&s->lock);
-        tern_debug("store: rank %u connected", rank);
+        c->aux = aux;
+        if (!aux) {
+            pthread_mutex_lock(&s->lock);
+            s->members++;
+            pthread_mutex_unlock(&s->lock);
+        }
+        tern_debug("store: rank %u connected%s", rank, aux ? " (a further connection)" : "");
         return reply(s, c, TERN_OK, 0, NULL, 0);
     }
     if (op == TERN__STORE_WAIT ? (nkeys == 0 || nkeys > TERN__STORE_MAX_KEYS) : nkeys != 1)

@@ -92,6 +92,9 @@ struct tern__comm {
     bool busy_poll;
     bool yield_idle;          /* more local ranks than cores: give the core away when idle */
     tern_ep_t **eps;          /* [world], created on first use */
+    /* the endpoint lookups' own store connection (runtime.c, comm_open);
+     * NULL where the context's store is in memory. Used under lock only. */
+    tern_store_t *ep_store;
     tern__class_fn handlers[16];
     void *handler_args[16];
     tern_status_t *peer_failed; /* [world]: sticky once a peer is lost */
@@ -141,7 +144,10 @@ struct tern__comm {
 tern__comm_t *tern__comm(tern_ctx_t *ctx);
 
 /* The endpoint to rank r, created (address from the store) on first use.
- * Called with the lock held; may block on the store the first time. */
+ * Called with the lock held. The first time it makes a round trip to the
+ * store on a connection of its own, which no user call holds; the address is
+ * there already (published before the init barrier), so it does not wait for
+ * it. A failed lookup (the store lost) is an error returned at once. */
 tern_status_t tern__comm_ep(tern__comm_t *comm, int r, tern_ep_t **ep);
 
 /* Route events of an immediate class to fn. */

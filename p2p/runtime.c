@@ -88,7 +88,7 @@ static void addr_key(char *key, size_t size, int r)
 
 tern_status_t tern__comm_ep(tern__comm_t *comm, int r, tern_ep_t **ep)
 {
-    char key[64];
+    char key[64], detail[TERN__ERROR_MAX];
     void *addr = NULL;
     size_t len = 0;
     tern_status_t st;
@@ -101,12 +101,18 @@ tern_status_t tern__comm_ep(tern__comm_t *comm, int r, tern_ep_t **ep)
         *ep = comm->eps[r];
         return TERN_OK;
     }
-    /* Every rank published its address before the init barrier, so this get
-     * answers at once. */
+    /* Our own connection (see comm_open), so the lookup never waits for a
+     * user's store call. And no wait for the key: every rank published its
+     * address before the init barrier, and whoever we send or answer to has
+     * passed it. A lookup that fails says so at once; the caller (maybe the
+     * progress thread, answering a peer) reports it and goes on. */
     addr_key(key, sizeof(key), r);
-    st = tern_store_get(tern_ctx_store(comm->ctx), key, &addr, &len, TERN_TIMEOUT_DEFAULT);
-    if (st != TERN_OK)
-        return st;
+    st = tern_store_get(comm->ep_store != NULL ? comm->ep_store : tern_ctx_store(comm->ctx), key,
+                        &addr, &len, 0);
+    if (st != TERN_OK) {
+        snprintf(detail, sizeof(detail), "%s", tern_last_error());
+        return tern__error(st, "no endpoint to rank %d: its address: %s", r, detail);
+    }
     st = tern_ep_create(comm->tp, (uint32_t)r, addr, len, &comm->eps[r]);
     free(addr);
     if (st == TERN_OK)
@@ -229,6 +235,8 @@ static void comm_free(tern__comm_t *comm)
     for (unsigned r = 0; comm->eps != NULL && r < comm->world; r++)
         tern_ep_destroy(comm->eps[r]);
     tern_transport_close(comm->tp);
+    /* Before the context leaves the store (and rank 0 stops serving it). */
+    tern_store_close(comm->ep_store);
     tern__p2p_free_caches(comm);
     pthread_cond_destroy(&comm->idle_cv);
     pthread_cond_destroy(&comm->done_cv);
@@ -289,10 +297,24 @@ static tern_status_t comm_open(tern_ctx_t *ctx)
     addr_key(key, sizeof(key), (int)comm->rank);
     if ((st = tern_store_set(tern_ctx_store(ctx), key, addr, alen)) != TERN_OK)
         goto fail;
+    /*
+     * Endpoints are made on first use, under the lock, and often by the
+     * progress thread answering a peer that wrote first (a PONG, a CREDIT,
+     * a rendezvous read). Their address lookups get a store connection of
+     * their own: on the context's, they would queue behind whatever a user
+     * thread is waiting for there (a get, a wait, a barrier), with the
+     * transport stalled under the lock meanwhile, and that wait may itself
+     * need the answer. Opened now, while rank 0's server still has its own
+     * thread to answer the hello. Only the lock's holder uses it.
+     */
+    if ((st = tern__store_connect_aux(tern_ctx_store(ctx), &comm->ep_store)) != TERN_OK)
+        goto fail;
     /* Rank 0's store is served from here on by the progress thread, and by
-     * its own store calls while they wait: no thread of its own. */
+     * its own store calls while they wait (the lookups' ones too): no thread
+     * of its own. */
     comm->store_fd = -1;
     comm->store_server = tern__ctx_take_store_server(ctx, &comm->store_fd);
+    tern__store_assist(comm->ep_store, comm->store_server);
     int rc = pthread_create(&comm->thread, NULL, progress_main, comm);
     if (rc != 0) {
         st = tern__error_errno(TERN_ERR_NO_RESOURCE, rc, "tern_init: cannot start the progress thread");

@@ -15,7 +15,6 @@
 #include "perf/bench_rpc.h"
 
 #define CLOCK_DONE_KEY "tern-perf/clock/done"
-#define TAG_CONNECT 0x7e4f
 
 /* Timed chunks of the sub-100 ns operations: one clock read per 1000. */
 #define CHUNK 1000u
@@ -44,42 +43,16 @@ static tern_status_t serve_until_done(tern_ctx_t *ctx, const char *key)
 
 /* ---- clock ---- */
 
-/*
- * Rank 0 and every other rank exchange one byte each way, so that both have
- * their endpoint to the other, made on their main threads. Without it a rank
- * whose first message from rank 0 is a ping answers from its progress thread,
- * which must first fetch rank 0's address from the store, under the p2p lock;
- * on a rank other than 0 the store client serves one request at a time, and
- * the main thread's tern_store_wait for rank 0's word holds it: the answer
- * waits behind that wait and rank 0 gives up on the ping after 2 s.
- */
-static tern_status_t connect_rank0(tern_ctx_t *ctx)
-{
-    unsigned rank = tern_ctx_rank(ctx), world = tern_ctx_world_size(ctx);
-    uint8_t b = 0;
-    tern_status_t st = TERN_OK;
-    if (rank != 0) {
-        if ((st = tern_send(ctx, &b, 1, 0, TAG_CONNECT)) == TERN_OK)
-            st = tern_recv(ctx, &b, 1, 0, TAG_CONNECT, NULL);
-        return st;
-    }
-    for (unsigned p = 1; p < world && st == TERN_OK; p++)
-        if ((st = tern_recv(ctx, &b, 1, (int)p, TAG_CONNECT, NULL)) == TERN_OK)
-            st = tern_send(ctx, &b, 1, (int)p, TAG_CONNECT);
-    return st;
-}
-
 tern_status_t tern_bench_clock(tern_ctx_t *ctx, const tern_bench_prof_opts_t *o,
                                tern_prof_clock_t *out)
 {
     unsigned world = tern_ctx_world_size(ctx);
     unsigned reps = o->reps ? o->reps : 10;
-    tern_status_t st, st2;
+    tern_status_t st = TERN_OK, st2;
     if (world < 2)
         return tern__error(TERN_ERR_INVALID_PARAM, "clock: needs 2 or more ranks");
-    /* Every rank is up and connected to rank 0 before it pings. */
-    if ((st = connect_rank0(ctx)) != TERN_OK)
-        return st;
+    /* The others answer from their progress threads, a first contact too,
+     * while their main threads wait in the store below. */
     for (unsigned r = 0; tern_ctx_rank(ctx) == 0 && out != NULL && r < reps && st == TERN_OK; r++)
         for (unsigned p = 1; p < world && st == TERN_OK; p++)
             st = tern_prof_clock_estimate(ctx, (int)p, o->samples,

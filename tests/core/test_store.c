@@ -362,6 +362,8 @@ static void *blocked_get(void *arg)
     void *v;
     size_t len;
     b->st = tern_store_get(b->s, "never", &v, &len, 60 * SEC);
+    if (b->st == TERN_OK)
+        free(v);
     return NULL;
 }
 
@@ -383,6 +385,76 @@ static void test_server_lost_during_get(void **state)
     assert_int_equal(b.st, TERN_ERR_PEER_LOST);
     assert_true(tern_clock_ns() - t0 < 30 * SEC);
     tern_store_close(b.s);
+}
+
+/*
+ * A further connection of a rank (tern__store_connect_aux, what endpoint
+ * lookups use): it answers while the rank's first handle is held by a long
+ * get; it is admitted only for a connected rank of the right world; the
+ * server does not count it as a member, so a stop waits only for the real
+ * ones. A memory store needs none.
+ */
+static void test_aux_connection(void **state)
+{
+    tern_store_server_t *srv;
+    tern_store_t *a = NULL, *aa = NULL, *z = NULL, *za = NULL, *x = NULL;
+    blocked_t b = {0};
+    pthread_t t;
+    void *v = NULL;
+    size_t len = 0;
+    (void)state;
+    assert_int_equal(tern_store_server_start("127.0.0.1", 0, 2, &srv), TERN_OK);
+    unsigned port = tern_store_server_port(srv);
+    assert_int_equal(tern_store_connect("127.0.0.1", port, 1, 2, SEC, 10 * SEC, &a), TERN_OK);
+    assert_int_equal(tern__store_connect_aux(a, &aa), TERN_OK);
+    assert_non_null(aa);
+    assert_int_equal(tern_store_set(a, "addr", "x", 1), TERN_OK);
+
+    /* a's only request is parked on a key nobody has set: aa still answers,
+     * at once, and its set releases a. */
+    b.s = a;
+    assert_int_equal(pthread_create(&t, NULL, blocked_get, &b), 0);
+    usleep(100000);
+    uint64_t t0 = tern_clock_ns();
+    assert_int_equal(tern_store_get(aa, "addr", &v, &len, 0), TERN_OK);
+    assert_true(len == 1 && memcmp(v, "x", 1) == 0);
+    free(v);
+    assert_true(tern_clock_ns() - t0 < SEC);
+    assert_int_equal(tern_store_set(aa, "never", "", 0), TERN_OK);
+    pthread_join(t, NULL);
+    assert_int_equal(b.st, TERN_OK);
+
+    /* Admitted only beside a connected rank: once rank 0 leaves, its
+     * further connection stays, but no new one is let in. */
+    assert_int_equal(tern_store_connect("127.0.0.1", port, 0, 2, SEC, SEC, &z), TERN_OK);
+    assert_int_equal(tern__store_connect_aux(z, &za), TERN_OK);
+    tern_store_close(z);
+    uint64_t deadline = tern_clock_ns() + 5 * SEC;
+    tern_status_t st;
+    while ((st = tern__store_connect_aux(za, &x)) == TERN_OK && tern_clock_ns() < deadline) {
+        tern_store_close(x);
+        x = NULL;
+        usleep(10000);
+    }
+    assert_int_equal(st, TERN_ERR_MISMATCH);
+    assert_non_null(strstr(tern_last_error(), "not connected"));
+    assert_null(x);
+    assert_int_equal(tern_store_set(za, "k", "v", 1), TERN_OK);
+
+    /* The stop waits for a, not for the further connections. */
+    tern_store_close(a);
+    assert_int_equal(tern_store_server_stop(srv, 5 * SEC), TERN_OK);
+    assert_int_equal(tern_store_get(aa, "addr", &v, &len, 0), TERN_ERR_PEER_LOST);
+    tern_store_close(aa);
+    tern_store_close(za);
+
+    tern_store_t *mem;
+    assert_int_equal(tern_store_memory_create(2, SEC, &mem), TERN_OK);
+    x = mem;
+    assert_int_equal(tern__store_connect_aux(mem, &x), TERN_OK);
+    assert_null(x);
+    assert_int_equal(tern__store_connect_aux(NULL, &x), TERN_ERR_INVALID_PARAM);
+    tern_store_close(mem);
 }
 
 /* Rank 1 of the adopted-server test: served only while rank 0's own calls wait. */
@@ -467,6 +539,7 @@ int main(void)
         cmocka_unit_test(test_malformed_input),
         cmocka_unit_test(test_server_lost_during_get),
         cmocka_unit_test(test_adopted_server),
+        cmocka_unit_test(test_aux_connection),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
