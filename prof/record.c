@@ -651,25 +651,63 @@ uint32_t tern__prof_imm_bits(void)
 
 /* ---- operations that end elsewhere ---- */
 
+char *tern__prof_concat(const char *const *parts, size_t n)
+{
+    size_t len[16], total = 1;
+    if (n > 16)
+        return NULL;
+    for (size_t i = 0; i < n; i++)
+        total += len[i] = strlen(parts[i]);
+    char *s = malloc(total), *p = s;
+    if (s == NULL)
+        return NULL;
+    for (size_t i = 0; i < n; i++) {
+        memcpy(p, parts[i], len[i]);
+        p += len[i];
+    }
+    *p = '\0';
+    return s;
+}
+
 void tern__prof_op_begin(tern__prof_op_t *op, struct tern__comm *comm, int peer, unsigned kind,
                          const char *fmt, ...)
 {
-    memset(op, 0, sizeof(*op));
-    if (!tern__prof_recording())
+    if (!tern__prof_recording()) {
+        memset(op, 0, sizeof(*op));
         return;
+    }
     char name[512];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(name, sizeof(name), fmt, ap);
+    int n = vsnprintf(name, sizeof(name), fmt, ap);
     va_end(ap);
+    char *owned = NULL;
+    if (n >= 0 && (size_t)n < sizeof(name)) {
+        owned = strdup(name);
+    } else if (n > 0 && (owned = malloc((size_t)n + 1)) != NULL) {
+        va_start(ap, fmt);
+        vsnprintf(owned, (size_t)n + 1, fmt, ap);
+        va_end(ap);
+    }
+    tern__prof_op_begin_named(op, comm, peer, kind, owned);
+}
+
+void tern__prof_op_begin_named(tern__prof_op_t *op, struct tern__comm *comm, int peer,
+                               unsigned kind, char *name)
+{
+    memset(op, 0, sizeof(*op));
+    if (name == NULL)
+        return;
+    if (!tern__prof_recording()) {
+        free(name);
+        return;
+    }
     op->capture = tern__prof_tl_capture;
     tern__prof_contact_fn contact = atomic_load(&tern__prof_session.first_contact);
     /* Only RPCs bring remote events back, and need the peer's clock. */
     if (kind == TERN_PROF_KIND_RPC && op->capture == NULL && contact != NULL)
         contact(comm, peer);
-    op->name = strdup(name);
-    if (op->name == NULL)
-        return;
+    op->name = name;
     if (op->capture != NULL)
         capture_get(op->capture);
     op->peer = peer;
@@ -857,13 +895,24 @@ typedef struct remote_ctx {
 static tern_status_t file_remote(tern__prof_rec_t *r, void *arg)
 {
     remote_ctx_t *rc = arg;
-    char name[1024];
-    snprintf(name, sizeof(name), "%s#remote_op: %s", rc->file.op->name, tern__prof_rec_name(r));
+    const char *parts[] = {rc->file.op->name, "#remote_op: ", tern__prof_rec_name(r)};
+    char *name = tern__prof_concat(parts, 3);
     uint16_t keep = r->flags & EV_WIRE_FLAGS;
+    if (name == NULL) {
+        tern__prof_rec_clear(r); /* counted nowhere else: say so */
+        tern_warn("prof: no memory to name a remote event of %s; dropped", rc->file.op->name);
+        return TERN_OK;
+    }
     if (r->flags & TERN__REC_NAME_HEAP)
         free(r->name.heap);
     r->flags = 0;
-    tern__prof_rec_set_name(r, name);
+    if (strlen(name) < sizeof(r->name.inl)) {
+        tern__prof_rec_set_name(r, name);
+        free(name);
+    } else {
+        r->name.heap = name; /* made for it: no second copy */
+        r->flags |= TERN__REC_NAME_HEAP;
+    }
     r->flags |= TERN__REC_REMOTE | keep;
     if (r->parent == 0)
         r->parent = rc->op_id;

@@ -1929,8 +1929,13 @@ static tern_status_t call_out(rpc_t *rpc, int dst, uint8_t type, uint64_t target
     /* Before the lock: the first profiled call to a peer measures its clock. */
     const char *label = tl_call_label ? tl_call_label : type == M_REMOTE ? "remote" : "rpc_async";
     tl_call_label = NULL;
-    tern__prof_op_begin(&f->prof, comm, dst, TERN_PROF_KIND_RPC, "%s#%s(%s -> %s)", label, fn,
-                        wname(rpc, rpc->rank), wname(rpc, dst));
+    char *pname = NULL;
+    if (tern__prof_recording()) {
+        const char *parts[] = {label, "#", fn, "(", wname(rpc, rpc->rank), " -> ", wname(rpc, dst),
+                               ")"};
+        pname = tern__prof_concat(parts, 8);
+    }
+    tern__prof_op_begin_named(&f->prof, comm, dst, TERN_PROF_KIND_RPC, pname);
     uint8_t flags = 0;
     if (f->prof.name != NULL) {
         flags = (uint8_t)(F_PROF | (tern__prof_flags() & F_PROF_CFG));
