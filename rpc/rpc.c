@@ -2914,21 +2914,6 @@ tern_status_t tern_rpc_init(tern_ctx_t *ctx, const char *name, const tern_rpc_op
                                  q, r, rpc->names[r]);
                 goto fail;
             }
-    /* Endpoints to every peer now. Made on first use they no longer wait for
-     * the store (their lookups have a connection of their own), but without
-     * this a 3-rank job over UCX shared memory fails: the first endpoint a
-     * worker makes, to reply, gets "Unsupported operation" from ucp_ep_create
-     * in UCP_ERR_HANDLING_MODE_PEER (rpc_ucx_sm_3ranks), which the ucx
-     * provider's probe takes as an error, not as "fall back to mode NONE". */
-    pthread_mutex_lock(&comm->lock);
-    for (int r = 0; r < rpc->world && st == TERN_OK; r++) {
-        tern_ep_t *ep;
-        if (r != rpc->rank)
-            st = tern__comm_ep(comm, r, &ep);
-    }
-    pthread_mutex_unlock(&comm->lock);
-    if (st != TERN_OK)
-        goto fail;
     /* Every rank installs its handlers before any call can reach it. */
     pthread_mutex_lock(&comm->lock);
     comm->rpc_state = rpc;

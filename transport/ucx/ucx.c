@@ -1911,6 +1911,7 @@ static tern_status_t ucx_ep_create(tern_transport_t *btp, uint32_t peer, const v
     p.err_handler.cb = ep_err_cb;
     p.err_handler.arg = ep;
     st = UCS_ERR_UNREACHABLE;
+    bool none = !tp->peer_mode;
     if (tp->peer_mode) {
         p.err_mode = UCP_ERR_HANDLING_MODE_PEER;
         ucs_log_push_handler(quiet_log);
@@ -1920,13 +1921,22 @@ static tern_status_t ucx_ep_create(tern_transport_t *btp, uint32_t peer, const v
             ep->peer_mode = true;
         } else if (st == UCS_ERR_UNREACHABLE) {
             tp->peer_mode = false;
+            none = true;
             tern_info("ucx: the transports in use cannot detect peer failure "
                       "(UCP_ERR_HANDLING_MODE_PEER unreachable, as with shared memory in UCX "
                       "1.13); endpoints use mode NONE, and tern's notice channel (a unix "
                       "socket to each peer on this host) reports a peer that closes or dies");
+        } else if (st == UCS_ERR_UNSUPPORTED) {
+            /* UCX 1.13 over shared memory says this, not "unreachable", for an
+             * endpoint to a peer that has already connected to us (the
+             * first endpoint a rank makes to answer). Only this endpoint
+             * falls back: others may still get mode PEER. */
+            none = true;
+            tern_debug("ucx: endpoint to peer %u: mode PEER unsupported (%s); mode NONE and "
+                       "the notice channel", peer, ucs_status_string(st));
         }
     }
-    if (!tp->peer_mode) {
+    if (none) {
         p.err_mode = UCP_ERR_HANDLING_MODE_NONE;
         p.field_mask &= ~(uint64_t)UCP_EP_PARAM_FIELD_ERR_HANDLER;
         st = ucp_ep_create(tp->worker, &p, &ep->uep);
