@@ -571,6 +571,10 @@ void tern__prof_install(tern_prof_event_t *events, size_t n, char *strings,
     S.flags = flags;
     S.dropped = dropped;
     S.job = true;
+    /* A root that never profiled itself: the trace's times count from the
+     * job's first event. */
+    if (S.t_start == 0 && n > 0)
+        S.t_start = events[0].start_ns;
     pthread_mutex_unlock(&S.lock);
 }
 
