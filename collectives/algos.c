@@ -206,11 +206,13 @@ oom:
  * The fold of rd and Rabenseifner for a non-power of two: with rem extra
  * ranks, ranks below 2*rem pair up; the even one sends its data to the odd
  * one (which computes op(even's, own) into rbuf) and waits for the result
- * (tag fin_tag). Returns the rank's number among the p2 that go on, with
- * *last the step that put its data in rbuf, or -1 for a rank that sat out.
+ * (tag fin_tag). Returns the rank's number among the p2 that go on, or -1 for
+ * a rank that sat out; *src is where its data is now (rbuf after a fold,
+ * else sbuf: the first step reads it there and writes rbuf, which saves
+ * copying the whole input) and *last the step that put it there.
  */
 static int fold_in(tern__coll_t *c, const void *sbuf, void *rbuf, size_t count, int rem, char *tmp,
-                   uint32_t fin_tag, int *last)
+                   uint32_t fin_tag, const void **src, int *last)
 {
     int r = c->g->rank;
     size_t bytes = count * es_of(c);
@@ -222,9 +224,11 @@ static int fold_in(tern__coll_t *c, const void *sbuf, void *rbuf, size_t count, 
     if (r < 2 * rem) {
         int rcv = tern__coll_recv(c, r - 1, 0, tmp, bytes, -1, -1);
         *last = tern__coll_reduce(c, rbuf, tmp, sbuf, count, rcv, -1);
+        *src = rbuf;
         return r / 2;
     }
-    *last = rbuf != sbuf ? tern__coll_copy(c, rbuf, sbuf, bytes, -1, -1) : -1;
+    *last = -1;
+    *src = sbuf;
     return r - rem;
 }
 
@@ -248,17 +252,20 @@ static void allreduce_rd(tern__coll_t *c, const void *sbuf, void *rbuf, size_t c
     char *tmp = tern__coll_scratch(c, bytes * (size_t)(steps + 1));
     if (bytes > 0 && tmp == NULL)
         return;
-    int last, newrank = fold_in(c, sbuf, rbuf, count, rem, tmp, (uint32_t)steps + 1, &last);
+    const void *src;
+    int last,
+        newrank = fold_in(c, sbuf, rbuf, count, rem, tmp, (uint32_t)steps + 1, &src, &last);
     if (newrank < 0)
         return;
     for (int i = 1, mask = 1; mask < p2; mask <<= 1, i++) {
         int pn = newrank ^ mask;
         int peer = pn < rem ? pn * 2 + 1 : pn + rem;
         char *t = tmp + (size_t)i * bytes;
-        int snd = tern__coll_send(c, peer, (uint32_t)i, rbuf, bytes, last, -1);
+        int snd = tern__coll_send(c, peer, (uint32_t)i, src, bytes, last, -1);
         int rcv = tern__coll_recv(c, peer, (uint32_t)i, t, bytes, -1, -1);
-        last = peer < r ? tern__coll_reduce(c, rbuf, t, rbuf, count, rcv, snd)
-                        : tern__coll_reduce(c, rbuf, rbuf, t, count, rcv, snd);
+        last = peer < r ? tern__coll_reduce(c, rbuf, t, src, count, rcv, snd)
+                        : tern__coll_reduce(c, rbuf, src, t, count, rcv, snd);
+        src = rbuf;
     }
     if (c->op == TERN_AVG)
         last = tern__coll_scale(c, rbuf, count, last, -1);
@@ -291,7 +298,8 @@ static void allreduce_rab(tern__coll_t *c, const void *sbuf, void *rbuf, size_t 
     if (bytes > 0 && tmp == NULL)
         return;
     uint32_t fin_tag = 2u * (uint32_t)steps + 1;
-    int last, newrank = fold_in(c, sbuf, rbuf, count, rem, tmp, fin_tag, &last);
+    const void *src;
+    int last, newrank = fold_in(c, sbuf, rbuf, count, rem, tmp, fin_tag, &src, &last);
     if (newrank < 0)
         return;
     size_t lo = 0, hi = count;
@@ -306,14 +314,16 @@ static void allreduce_rab(tern__coll_t *c, const void *sbuf, void *rbuf, size_t 
         size_t slo = lower ? mid : lo, shi = lower ? hi : mid; /* sent */
         wlo[i] = lo;
         whi[i] = hi;
-        rs_send[i] = tern__coll_send(c, peer, 1u + (uint32_t)i, at(rbuf, slo, es), (shi - slo) * es,
+        rs_send[i] = tern__coll_send(c, peer, 1u + (uint32_t)i, at(src, slo, es), (shi - slo) * es,
                                      last, -1);
         /* Each level's slot follows the last: they halve (rounding up), so
          * all fit in bytes plus one element per level. */
         int rcv = tern__coll_recv(c, peer, 1u + (uint32_t)i, slot, (khi - klo) * es, -1, -1);
         void *kept = at(rbuf, klo, es);
-        last = peer < r ? tern__coll_reduce(c, kept, slot, kept, khi - klo, rcv, last)
-                        : tern__coll_reduce(c, kept, kept, slot, khi - klo, rcv, last);
+        const void *own = at(src, klo, es);
+        last = peer < r ? tern__coll_reduce(c, kept, slot, own, khi - klo, rcv, last)
+                        : tern__coll_reduce(c, kept, own, slot, khi - klo, rcv, last);
+        src = rbuf;
         slot += (khi - klo) * es;
         lo = klo;
         hi = khi;
