@@ -127,7 +127,8 @@ tern_status_t tern__kv_add(tern__kv_t *kv, const char *key, int64_t delta, int64
     return st;
 }
 
-tern_status_t tern__kv_join(tern__kv_t *kv, unsigned rank, unsigned world_size)
+/* What a HELLO of either kind says of itself, checked against this world. */
+static tern_status_t check_rank(const tern__kv_t *kv, unsigned rank, unsigned world_size)
 {
     if (world_size != kv->world_size)
         return tern__error(TERN_ERR_MISMATCH,
@@ -136,6 +137,14 @@ tern_status_t tern__kv_join(tern__kv_t *kv, unsigned rank, unsigned world_size)
     if (rank >= kv->world_size)
         return tern__error(TERN_ERR_INVALID_PARAM, "rank %u is out of range for a world of %u", rank,
                            kv->world_size);
+    return TERN_OK;
+}
+
+tern_status_t tern__kv_join(tern__kv_t *kv, unsigned rank, unsigned world_size)
+{
+    tern_status_t st = check_rank(kv, rank, world_size);
+    if (st != TERN_OK)
+        return st;
     if (kv->joined[rank])
         return tern__error(TERN_ERR_MISMATCH,
                            "duplicate rank: rank %u is already connected to the store", rank);
@@ -146,13 +155,9 @@ tern_status_t tern__kv_join(tern__kv_t *kv, unsigned rank, unsigned world_size)
 
 tern_status_t tern__kv_check_member(const tern__kv_t *kv, unsigned rank, unsigned world_size)
 {
-    if (world_size != kv->world_size)
-        return tern__error(TERN_ERR_MISMATCH,
-                           "world size mismatch: rank %u says %u ranks, the store (rank 0) serves %u",
-                           rank, world_size, kv->world_size);
-    if (rank >= kv->world_size)
-        return tern__error(TERN_ERR_INVALID_PARAM, "rank %u is out of range for a world of %u", rank,
-                           kv->world_size);
+    tern_status_t st = check_rank(kv, rank, world_size);
+    if (st != TERN_OK)
+        return st;
     if (!kv->joined[rank])
         return tern__error(TERN_ERR_MISMATCH,
                            "a further connection of rank %u, which is not connected to the store",
