@@ -209,16 +209,6 @@ static int by_id(const void *a, const void *b)
     return x->id < y->id ? -1 : x->id > y->id;
 }
 
-static int by_start(const void *a, const void *b)
-{
-    const tern_prof_event_t *x = a, *y = b;
-    if (x->start_ns != y->start_ns)
-        return x->start_ns < y->start_ns ? -1 : 1;
-    if (x->end_ns != y->end_ns)
-        return x->end_ns > y->end_ns ? -1 : 1;
-    return by_id(a, b);
-}
-
 /* Root: the blobs of every rank (ours included) become our results. */
 static tern_status_t merge(const uint8_t *all, const size_t *lens, const size_t *displs, int world,
                            int me, const bool *aligned, const tern_prof_clock_t *est)
@@ -262,7 +252,7 @@ static tern_status_t merge(const uint8_t *all, const size_t *lens, const size_t 
     for (size_t i = 0; i < total; i++)
         if (m == 0 || ev[m - 1].id != ev[i].id)
             ev[m++] = ev[i];
-    qsort(ev, m, sizeof(*ev), by_start);
+    qsort(ev, m, sizeof(*ev), tern__prof_by_start);
     tern__prof_install(ev, m, strings, used, nused, flags, dropped);
     return TERN_OK;
 }

@@ -369,7 +369,7 @@ static void collect(tern__prof_buf_t *b, void *arg)
     atomic_store_explicit(&b->count, 0, memory_order_release);
 }
 
-static int by_start(const void *a, const void *b)
+int tern__prof_by_start(const void *a, const void *b)
 {
     const tern_prof_event_t *x = a, *y = b;
     if (x->start_ns != y->start_ns)
@@ -387,7 +387,7 @@ static int by_thread(const void *a, const void *b)
         return (*x)->node < (*y)->node ? -1 : 1;
     if ((*x)->thread != (*y)->thread)
         return (*x)->thread < (*y)->thread ? -1 : 1;
-    return by_start(*x, *y);
+    return tern__prof_by_start(*x, *y);
 }
 
 /* Depth and self time and memory: children are the synchronous events
@@ -529,7 +529,7 @@ tern_status_t tern_prof_stop(void)
         S.nevents = raw.n;
         S.dropped = raw.dropped;
         nest(S.events, S.nevents, async);
-        qsort(S.events, S.nevents, sizeof(*S.events), by_start);
+        qsort(S.events, S.nevents, sizeof(*S.events), tern__prof_by_start);
         for (int p = 0; p < S.world; p++)
             if (seen[p] && S.clocks[p].n > 0)
                 S.used[S.nused++] = S.clocks[p].est[S.clocks[p].n - 1];

@@ -27,6 +27,10 @@ tern_status_t tern__prof_estimate_kept(struct tern__comm *comm, int peer, tern_p
  * false if there are none. */
 bool tern__prof_offset_of(int peer, int64_t x, int64_t *offset, int64_t *bound);
 
+/* The order of results (qsort of tern_prof_event_t): by start, the enclosing
+ * first at equal starts, then by id. */
+int tern__prof_by_start(const void *a, const void *b);
+
 /* Make events (sorted by start; names and shapes in strings, taken over
  * with used) the results, as the job's gathered on this rank. */
 void tern__prof_install(tern_prof_event_t *events, size_t n, char *strings,
