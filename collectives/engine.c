@@ -292,18 +292,9 @@ static void reap(tern__coll_t *c, step_t *s)
  * other end. op was begun before the post; the request ends it. */
 static void prof_step(tern__coll_t *c, step_t *s, tern__prof_op_t *op)
 {
-    tern__comm_t *comm = c->g->comm;
     op->parent = c->req.prof.id;
     op->dir = s->kind == STEP_SEND ? TERN_PROF_DIR_SEND : TERN_PROF_DIR_RECV;
-    pthread_mutex_lock(&comm->lock);
-    if (atomic_load_explicit(&s->req->done, memory_order_acquire)) {
-        op->seq = s->req->seq;
-        pthread_mutex_unlock(&comm->lock);
-        tern__prof_op_end(op, tern__req_bytes(s->req), NULL, 0);
-        return;
-    }
-    s->req->prof = *op;
-    pthread_mutex_unlock(&comm->lock);
+    tern__req_prof_attach(s->req, op);
 }
 
 /* Start a step whose inputs are ready. */

@@ -52,6 +52,11 @@ struct tern_request {
     tern__prof_op_t prof;      /* profiled: from post to completion */
 };
 
+/* A profiled op (begun before the post) for req, which ends it at completion
+ * (tern__req_complete); one that completed as it was posted (an eager send, a
+ * matched receive) ends here. Takes the lock. */
+void tern__req_prof_attach(tern_request_t *req, tern__prof_op_t *op);
+
 /* The bytes a request moves, as its profiler event reports them. */
 static inline size_t tern__req_bytes(const tern_request_t *req)
 {

@@ -808,16 +808,9 @@ static tern__comm_t *comm_of(tern_ctx_t *ctx)
     return comm;
 }
 
-/* A profiled request's event runs from its post (st) to its completion; one
- * that completed as it was posted (an eager send) ends here, one that failed
- * to post is dropped. */
-static void prof_attach(tern__comm_t *comm, tern_status_t st, tern_request_t *req,
-                        tern__prof_op_t *op)
+void tern__req_prof_attach(tern_request_t *req, tern__prof_op_t *op)
 {
-    if (op->name == NULL || st != TERN_OK) {
-        tern__prof_op_drop(op);
-        return;
-    }
+    tern__comm_t *comm = req->comm;
     pthread_mutex_lock(&comm->lock);
     if (atomic_load_explicit(&req->done, memory_order_acquire)) {
         op->seq = req->seq;
@@ -831,6 +824,16 @@ static void prof_attach(tern__comm_t *comm, tern_status_t st, tern_request_t *re
     pthread_mutex_unlock(&comm->lock);
 }
 
+/* The profiled op of a user's isend or irecv: attached if the post (st)
+ * succeeded, else dropped. */
+static void prof_attach(tern_status_t st, tern_request_t *req, tern__prof_op_t *op)
+{
+    if (op->name == NULL || st != TERN_OK)
+        tern__prof_op_drop(op);
+    else
+        tern__req_prof_attach(req, op);
+}
+
 tern_status_t tern_isend(tern_ctx_t *ctx, const void *buf, size_t len, int dst, int tag,
                          tern_request_t **req)
 {
@@ -841,7 +844,7 @@ tern_status_t tern_isend(tern_ctx_t *ctx, const void *buf, size_t len, int dst, 
     tern__prof_op_begin(&op, comm, dst, TERN_PROF_KIND_P2P, "isend");
     op.dir = TERN_PROF_DIR_SEND;
     tern_status_t st = tern__p2p_isend(comm, 0, buf, len, dst, tag, req);
-    prof_attach(comm, st, st == TERN_OK ? *req : NULL, &op);
+    prof_attach(st, st == TERN_OK ? *req : NULL, &op);
     return st;
 }
 
@@ -855,7 +858,7 @@ tern_status_t tern_irecv(tern_ctx_t *ctx, void *buf, size_t cap, int src, int ta
     tern__prof_op_begin(&op, comm, src, TERN_PROF_KIND_P2P, "irecv");
     op.dir = TERN_PROF_DIR_RECV;
     tern_status_t st = tern__p2p_irecv(comm, 0, buf, cap, src, tag, req);
-    prof_attach(comm, st, st == TERN_OK ? *req : NULL, &op);
+    prof_attach(st, st == TERN_OK ? *req : NULL, &op);
     return st;
 }
 
