@@ -23,41 +23,7 @@
 #include "prof/record.h"
 #include "prof/session.h"
 
-#define SEC 1000000000ll
-
-static tern_ctx_t *ctx;
-static tern_store_t *store;
-
-static int setup(void **state)
-{
-    (void)state;
-    if (tern_store_memory_create(1, 10 * SEC, &store) != TERN_OK)
-        return -1;
-    tern_init_params_t p = {
-        .field_mask = TERN_INIT_PARAM_RANK | TERN_INIT_PARAM_WORLD_SIZE | TERN_INIT_PARAM_THREADS |
-                      TERN_INIT_PARAM_STORE | TERN_INIT_PARAM_TIMEOUT,
-        .rank = 0,
-        .world_size = 1,
-        .threads = 1,
-        .store = store,
-        .timeout_ns = 10 * SEC,
-    };
-    if (tern_init(&p, &ctx) != TERN_OK) {
-        fprintf(stderr, "tern_init: %s\n", tern_last_error());
-        return -1;
-    }
-    return 0;
-}
-
-static int teardown(void **state)
-{
-    (void)state;
-    if (tern_prof_enabled())
-        tern_prof_stop();
-    tern_status_t st = tern_finalize(ctx);
-    tern_store_close(store);
-    return st == TERN_OK ? 0 : -1;
-}
+#include "one_rank.h"
 
 /* ---- a handler's events in a reply ---- */
 
