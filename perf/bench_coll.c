@@ -10,13 +10,13 @@
  * reduction order then gives the same bits, so a reference computed here in
  * plain C must match the collective's output bit for bit.
  */
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/error.h"
 #include "perf/bench_coll.h"
+#include "tensor/half.h"
 #include "tensor/reduce.h"
 
 /* Outputs are filled with this byte before the checked call, so a call that
@@ -129,49 +129,6 @@ static int64_t pval(const pattern_t *p, unsigned r, size_t i)
     return (int64_t)((x * 3 + y * 5 + 1) % (uint64_t)(p->vmax + 1)) - p->shift;
 }
 
-static uint16_t f32_to_f16(float f)
-{
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    uint32_t sign = (x >> 16) & 0x8000u, ax = x & 0x7fffffffu;
-    if (ax >= 0x7f800000u) /* inf, or NaN kept quiet */
-        return (uint16_t)(sign | 0x7c00u | (ax > 0x7f800000u ? 0x0200u : 0));
-    if (ax >= 0x477ff000u) /* 65520 and above round to inf */
-        return (uint16_t)(sign | 0x7c00u);
-    if (ax < 0x38800000u) { /* below 2^-14: subnormal; scaling by 2^24 is exact */
-        float a;
-        memcpy(&a, &ax, 4);
-        return (uint16_t)(sign | (uint32_t)lrintf(a * 16777216.0f));
-    }
-    uint32_t h = ((((ax >> 23) - 127 + 15) << 10) | ((ax & 0x7fffffu) >> 13));
-    uint32_t rem = ax & 0x1fffu;
-    if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) /* nearest, ties to even */
-        h++;
-    return (uint16_t)(sign | h);
-}
-
-static float f16_to_f32(uint16_t h)
-{
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu, x;
-    if (e == 0) {
-        float v = ldexpf((float)m, -24);
-        return sign ? -v : v;
-    }
-    x = e == 31 ? sign | 0x7f800000u | (m << 13) : sign | ((e + 112) << 23) | (m << 13);
-    float f;
-    memcpy(&f, &x, 4);
-    return f;
-}
-
-static uint16_t f32_to_bf16(float f)
-{
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    if ((x & 0x7fffffffu) > 0x7f800000u)
-        return (uint16_t)((x >> 16) | 0x0040u);
-    return (uint16_t)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
-}
-
 /* Store v into one element. Floats: v is exact in the dtype or is a float
  * already rounded as the kernels round (AVG); integers wrap as the kernels
  * wrap (modulo 2^bits). */
@@ -252,10 +209,7 @@ static double load(const pattern_t *p, const void *src)
     case TERN_DTYPE_BF16: {
         uint16_t h;
         memcpy(&h, src, 2);
-        uint32_t x = (uint32_t)h << 16;
-        float f;
-        memcpy(&f, &x, 4);
-        return f;
+        return bf16_to_f32(h);
     }
     case TERN_DTYPE_I8:
         return *(const int8_t *)src;
