@@ -618,24 +618,30 @@ unsigned tern_store_server_port(const tern_store_server_t *server)
     return server ? server->port : 0;
 }
 
+/* How long stop may still wait for the ranks to leave, at most 100 ms at a
+ * time; 0 once they have, or when the deadline passed (*st then says so). */
+static uint64_t stop_wait(const tern_store_server_t *s, uint64_t deadline, tern_status_t *st)
+{
+    if (s->members == 0)
+        return 0;
+    uint64_t now = tern_clock_ns();
+    if (deadline == 0 || now >= deadline) {
+        *st = tern__error(TERN_ERR_TIMEOUT, "store server: %u rank(s) still connected at shutdown",
+                          s->members);
+        return 0;
+    }
+    return deadline - now < 100000000 ? deadline - now : 100000000;
+}
+
 tern_status_t tern_store_server_stop(tern_store_server_t *s, int64_t timeout_ns)
 {
     tern_status_t st = TERN_OK;
     if (s == NULL)
         return TERN_OK;
+    uint64_t deadline = tern__deadline(timeout_ns), wait;
     if (s->thread_started) {
-        uint64_t deadline = tern__deadline(timeout_ns);
         pthread_mutex_lock(&s->lock);
-        while (s->members > 0) {
-            uint64_t now = tern_clock_ns();
-            if (deadline == 0 || now >= deadline) {
-                st = tern__error(TERN_ERR_TIMEOUT,
-                                 "store server: %u rank(s) still connected at shutdown", s->members);
-                break;
-            }
-            uint64_t wait = deadline - now;
-            if (wait > 100000000)
-                wait = 100000000;
+        while ((wait = stop_wait(s, deadline, &st)) > 0) {
             struct timespec ts;
             clock_gettime(CLOCK_REALTIME, &ts);
             ts.tv_nsec += (long)wait;
@@ -651,17 +657,10 @@ tern_status_t tern_store_server_stop(tern_store_server_t *s, int64_t timeout_ns)
         pthread_join(s->thread, NULL);
     } else if (s->adopted) {
         /* Nobody else serves now: serve here until the others have left. */
-        uint64_t deadline = tern__deadline(timeout_ns);
         pthread_mutex_lock(&s->serve_lock);
-        while (s->members > 0) {
-            uint64_t now = tern_clock_ns();
-            if (deadline == 0 || now >= deadline) {
-                st = tern__error(TERN_ERR_TIMEOUT,
-                                 "store server: %u rank(s) still connected at shutdown", s->members);
-                break;
-            }
-            uint64_t ms = (deadline - now) / 1000000 + 1;
-            if (!serve_batch(s, ms > 100 ? 100 : (int)ms))
+        while ((wait = stop_wait(s, deadline, &st)) > 0) {
+            int ms = (int)(wait / 1000000) + 1;
+            if (!serve_batch(s, ms > 100 ? 100 : ms))
                 break;
         }
         pthread_mutex_unlock(&s->serve_lock);
