@@ -118,6 +118,10 @@
  * delivery on shared memory. */
 #define ENTRY_CACHE_MAX 256
 #define ENTRY_INLINE 256
+/* The fast lane (see am_cb): small sends that arrive in order, delivered by
+ * the same progress call without an entry in their stream. */
+#define FAST_SLOTS 32
+#define FAST_INLINE 192
 
 enum msg_type {
     MSG_SEND = 1,    /* a tern_ep_send: payload = the data */
@@ -312,6 +316,13 @@ typedef struct ucx_entry {
     uint8_t small[ENTRY_INLINE]; /* a small payload's copy: no malloc */
 } ucx_entry_t;
 
+/* An in-order small send waiting in the fast lane for the end of
+ * ucp_worker_progress. */
+typedef struct fast_msg {
+    uint32_t src, imm, len;
+    uint8_t data[FAST_INLINE];
+} fast_msg_t;
+
 /* A peer endpoint's notice channel to us, accepted on our listener. */
 typedef struct notice_conn {
     watch_t watch;
@@ -357,6 +368,8 @@ struct ucx_tp {
     unsigned nentry_cache;
     uint32_t conn_nonce, next_conn, next_reg_id;
     uint64_t rndv_recvs;
+    unsigned fast_head, nfast;
+    fast_msg_t fast[FAST_SLOTS];
 };
 
 static ucx_tp_t *to_ucx_tp(const tern_transport_t *tp)
@@ -993,7 +1006,15 @@ static void bye_apply(ucx_stream_t *s, const uint8_t *list, size_t n)
 
 /* UCX's AM callback: every tern message arrives here, inside
  * ucp_worker_progress. It files the message into its stream; ucx_progress
- * delivers it. */
+ * delivers it.
+ *
+ * The fast lane: a small send that is next in a stream with nothing waiting
+ * (no entry, no canceled seq) needs none of the stream's machinery. It is
+ * copied into a slot of tp->fast and its seq is consumed at once; drain
+ * delivers the lane before any stream, so a later message of the same stream
+ * (filed as an entry because the lane was full, or arriving by rendezvous)
+ * still comes after it. This is most of what separated a shared-memory round
+ * trip from a raw UCP one (docs/perf.md). */
 static ucs_status_t am_cb(void *arg, const void *header, size_t header_length, void *data,
                           size_t length, const ucp_am_recv_param_t *param)
 {
@@ -1020,6 +1041,17 @@ static ucs_status_t am_cb(void *arg, const void *header, size_t header_length, v
          !seq_before(link_entry(s->entries.prev, ucx_entry_t, link)->seq, seq) &&
          stream_lookup(s, seq) != NULL)) {
         tern_debug("ucx: stale message %u from peer %u dropped", seq, src);
+        return UCS_OK;
+    }
+    /* One slot stays free: drain may be delivering from it (see drain). */
+    if (h[1] == MSG_SEND && !rndv && length <= FAST_INLINE && seq == s->expected &&
+        link_empty(&s->entries) && s->ncanceled == 0 && !s->dead && tp->nfast < FAST_SLOTS - 1) {
+        fast_msg_t *f = &tp->fast[(tp->fast_head + tp->nfast++) % FAST_SLOTS];
+        f->src = src;
+        f->imm = tern__get_le32(h + 16);
+        f->len = (uint32_t)length;
+        memcpy(f->data, data, length);
+        s->expected++;
         return UCS_OK;
     }
     if ((e = entry_new(tp)) == NULL) {
@@ -1624,6 +1656,18 @@ static int drain(ucx_tp_t *tp)
         op_free(op);
         tern__comp_call(&comp, st);
     }
+    /* The lane before the streams (am_cb). The slot being delivered is not
+     * reused while its callback runs: a teardown inside it may progress UCX
+     * and so fill the lane, but never past FAST_SLOTS - 1. */
+    while (tp->nfast > 0) {
+        const fast_msg_t *f = &tp->fast[tp->fast_head];
+        tern_event_t ev = {
+            .type = TERN_EVENT_RECV, .src = f->src, .imm = f->imm, .data = f->data, .len = f->len};
+        tp->fast_head = (tp->fast_head + 1) % FAST_SLOTS;
+        tp->nfast--;
+        n++;
+        tern__tp_event(&tp->base, &ev);
+    }
     while (!link_empty(&tp->dirty)) {
         ucx_stream_t *s = link_entry(tp->dirty.next, ucx_stream_t, dirty_link);
         link_del(&s->dirty_link);
@@ -1642,11 +1686,12 @@ static int ucx_progress(tern_transport_t *btp)
     tp->in_progress = true;
     if (tp->notice_due || tern__clock_coarse_ns() >= tp->notice_next)
         total += notice_poll(tp);
+    /* Once something was delivered or completed, return: the caller's wait
+     * may be over, and another round of UCX's polling would delay it. */
     for (int round = 0; round < PROGRESS_ROUNDS; round++) {
-        int n = (int)ucp_worker_progress(tp->worker);
-        n += drain(tp);
-        total += n;
-        if (n == 0)
+        int polled = (int)ucp_worker_progress(tp->worker), handled = drain(tp);
+        total += polled + handled;
+        if (polled == 0 || handled > 0)
             break;
     }
     tp->in_progress = false;
@@ -1661,7 +1706,8 @@ static int ucx_fd(const tern_transport_t *btp)
 
 static bool has_pending_work(const ucx_tp_t *tp)
 {
-    return !link_empty(&tp->lost) || !link_empty(&tp->done) || !link_empty(&tp->dirty);
+    return !link_empty(&tp->lost) || !link_empty(&tp->done) || !link_empty(&tp->dirty) ||
+           tp->nfast > 0;
 }
 
 static tern_status_t ucx_arm(tern_transport_t *btp)
