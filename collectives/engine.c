@@ -220,7 +220,7 @@ static void fail_as(tern__coll_t *c, tern_status_t st, bool tell, const char *wh
     tern_warn("%s", c->detail);
 
     tern__comm_t *comm = c->g->comm;
-    pthread_mutex_lock(&comm->lock);
+    tern__comm_lock(comm);
     if (tell)
         send_abort(c);
     for (size_t i = c->first; i < c->nsteps; i++) {
@@ -264,7 +264,7 @@ static void reap(tern__coll_t *c, step_t *s)
     tern_msg_info_t info;
     tern_status_t st;
 
-    pthread_mutex_lock(&comm->lock);
+    tern__comm_lock(comm);
     st = tern__req_release(comm, s->req, &info);
     pthread_mutex_unlock(&comm->lock);
     s->req = NULL;
@@ -398,7 +398,7 @@ static void finish(tern__coll_t *c)
 {
     tern__comm_t *comm = c->g->comm;
     coll_state_t *cs = tern__coll_state(comm);
-    pthread_mutex_lock(&comm->lock);
+    tern__comm_lock(comm);
     for (tern__coll_t **pp = &cs->active; *pp != NULL; pp = &(*pp)->next) {
         if (*pp == c) {
             *pp = c->next;
@@ -423,7 +423,7 @@ static bool advance(tern__coll_t *c, bool check_time)
     if (c->failing == TERN_OK && atomic_load_explicit(&c->reported, memory_order_relaxed) != TERN_OK) {
         char why[200];
         tern__comm_t *comm = c->g->comm;
-        pthread_mutex_lock(&comm->lock);
+        tern__comm_lock(comm);
         snprintf(why, sizeof(why), "%s", c->reported_detail);
         tern_status_t st = (tern_status_t)atomic_load(&c->reported);
         pthread_mutex_unlock(&comm->lock);
@@ -476,7 +476,7 @@ static void progress_hook(tern__comm_t *comm, bool check_time)
     size_t n = 0;
     bool more = false;
 
-    pthread_mutex_lock(&comm->lock);
+    tern__comm_lock(comm);
     for (tern__coll_t *c = cs->active; c != NULL; c = c->next) {
         if (n == PICK_MAX) {
             more = true;
@@ -525,7 +525,7 @@ tern_status_t tern__coll_start(tern__coll_t *c, tern_request_t **req)
     tern__prof_op_begin(&c->req.prof, comm, -1, TERN_PROF_KIND_COLL, "%s", c->op_name);
     c->last_move = tern_clock_ns();
     atomic_flag_test_and_set(&c->busy);
-    pthread_mutex_lock(&comm->lock);
+    tern__comm_lock(comm);
     for (unsigned i = 0; i < ABORT_NOTES && i < cs->nnotes; i++) {
         abort_note_t *n = &cs->notes[i];
         if (n->cid == c->g->cid && n->seq == c->seq && n->status != TERN_OK) {

@@ -59,7 +59,7 @@ static tern_group_t *group_new(tern__comm_t *comm, uint32_t cid, const int *rank
 coll_state_t *tern__coll_state(tern__comm_t *comm)
 {
     coll_state_t *cs;
-    pthread_mutex_lock(&comm->lock);
+    tern__comm_lock(comm);
     cs = comm->coll_state;
     if (cs == NULL && (cs = calloc(1, sizeof(*cs))) != NULL) {
         cs->world = group_new(comm, WORLD_CID, NULL, comm->world);
@@ -119,7 +119,7 @@ tern_status_t tern_group_create(tern_ctx_t *ctx, const int *ranks, size_t n, ter
     }
     if ((cs = tern__coll_state(comm)) == NULL)
         return TERN_ERR_NO_MEMORY;
-    pthread_mutex_lock(&comm->lock);
+    tern__comm_lock(comm);
     uint32_t cid = cs->next_cid++;
     pthread_mutex_unlock(&comm->lock);
     if ((*out = group_new(comm, cid, ranks, n)) == NULL)

@@ -94,6 +94,7 @@ struct tern__comm {
     atomic_bool stop;
     atomic_int spinning;      /* user threads progressing the transport themselves */
     atomic_uint waits;        /* waits ended: the progress thread naps while it moves */
+    atomic_int lock_wanted;   /* threads blocked in tern__comm_lock: a waiter lets go */
     bool busy_poll;
     bool yield_idle;          /* more local ranks than cores: give the core away when idle */
     tern_ep_t **eps;          /* [world], created on first use */
@@ -147,6 +148,18 @@ struct tern__comm {
 
 /* The comm of a context (after tern_init). */
 tern__comm_t *tern__comm(tern_ctx_t *ctx);
+
+/* Take comm->lock (every user of it but the wait loop, which holds it across
+ * idle polls: a thread that finds it taken says so, and the waiter lets go
+ * within one poll). */
+static inline void tern__comm_lock(tern__comm_t *comm)
+{
+    if (pthread_mutex_trylock(&comm->lock) == 0)
+        return;
+    atomic_fetch_add_explicit(&comm->lock_wanted, 1, memory_order_relaxed);
+    pthread_mutex_lock(&comm->lock);
+    atomic_fetch_sub_explicit(&comm->lock_wanted, 1, memory_order_relaxed);
+}
 
 /* The endpoint to rank r, created (address from the store) on first use.
  * Called with the lock held. The first time it makes a round trip to the

@@ -130,7 +130,7 @@ tern_status_t tern__p2p_ping(tern__comm_t *comm, int dst, uint64_t seq)
 {
     uint8_t msg[8];
     tern__put_le64(msg, seq);
-    pthread_mutex_lock(&comm->lock);
+    tern__comm_lock(comm);
     bounce_t *b = bounce_new(comm, sizeof(msg));
     tern_status_t st;
     if (b == NULL) {
@@ -525,7 +525,7 @@ tern_status_t tern__p2p_isend(tern__comm_t *comm, uint32_t cid, const void *buf,
         return tern__error(TERN_ERR_INVALID_PARAM, "isend: NULL request pointer");
     if ((st = check_send(comm, buf, len, dst, tag)) != TERN_OK)
         return st;
-    pthread_mutex_lock(&comm->lock);
+    tern__comm_lock(comm);
     if ((req = req_new(comm)) == NULL) {
         pthread_mutex_unlock(&comm->lock);
         return tern__error(TERN_ERR_NO_MEMORY, "isend: no memory");
@@ -653,7 +653,7 @@ tern_status_t tern__p2p_irecv(tern__comm_t *comm, uint32_t cid, void *buf, size_
         return tern__error(TERN_ERR_INVALID_PARAM, "irecv: NULL request pointer");
     if ((st = check_recv(comm, buf, cap, src, tag)) != TERN_OK)
         return st;
-    pthread_mutex_lock(&comm->lock);
+    tern__comm_lock(comm);
     st = irecv_locked(comm, cid, buf, cap, src, tag, req_out);
     pthread_mutex_unlock(&comm->lock);
     return st;
@@ -811,7 +811,7 @@ static tern__comm_t *comm_of(tern_ctx_t *ctx)
 void tern__req_prof_attach(tern_request_t *req, tern__prof_op_t *op)
 {
     tern__comm_t *comm = req->comm;
-    pthread_mutex_lock(&comm->lock);
+    tern__comm_lock(comm);
     if (atomic_load_explicit(&req->done, memory_order_acquire)) {
         op->seq = req->seq;
         if (req->kind == REQ_RECV)
@@ -875,7 +875,7 @@ tern_status_t tern__p2p_send(tern__comm_t *comm, uint32_t cid, const void *buf, 
     tern_status_t st = check_send(comm, buf, len, dst, tag);
     if (st != TERN_OK)
         return st;
-    pthread_mutex_lock(&comm->lock);
+    tern__comm_lock(comm);
     if (eager_fits(comm, len, dst)) {
         st = send_eager(comm, cid, buf, len, dst, tag, seq);
         pthread_mutex_unlock(&comm->lock);
@@ -896,7 +896,7 @@ tern_status_t tern__p2p_recv(tern__comm_t *comm, uint32_t cid, void *buf, size_t
     tern_status_t st = check_recv(comm, buf, cap, src, tag);
     if (st != TERN_OK)
         return st;
-    pthread_mutex_lock(&comm->lock);
+    tern__comm_lock(comm);
     unexp_t *prev, *u = find_unexp(comm, cid, src, tag, &prev);
     if (u != NULL && !u->rndv) {
         unlink_unexp(comm, u, prev);

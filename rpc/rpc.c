@@ -569,7 +569,7 @@ static void run_callbacks(void *arg)
     rpc_t *rpc = f->rpc;
     for (int i = 0; i < f->ncbs; i++)
         f->cbs[i].cb(f, f->cbs[i].arg);
-    pthread_mutex_lock(&rpc->comm->lock);
+    tern__comm_lock(rpc->comm);
     rpc->tasks--;
     pthread_mutex_unlock(&rpc->comm->lock);
     future_unref(f);
@@ -1449,7 +1449,7 @@ static bool handler_block(rpc_t *rpc)
 {
     if (tl_handler != rpc)
         return false;
-    pthread_mutex_lock(&rpc->comm->lock);
+    tern__comm_lock(rpc->comm);
     rpc->running--;
     backlog_drain(rpc);
     pthread_mutex_unlock(&rpc->comm->lock);
@@ -1460,7 +1460,7 @@ static void handler_unblock(rpc_t *rpc, bool blocked)
 {
     if (!blocked)
         return;
-    pthread_mutex_lock(&rpc->comm->lock);
+    tern__comm_lock(rpc->comm);
     rpc->running++;
     pthread_mutex_unlock(&rpc->comm->lock);
 }
@@ -1489,7 +1489,7 @@ static void run_call(void *arg)
     tl_handler = outer;
     if (st != TERN_OK && c->error == NULL && !c->deferred)
         c->error = strdup(tern_last_error());
-    pthread_mutex_lock(&rpc->comm->lock);
+    tern__comm_lock(rpc->comm);
     rpc->running--;
     rpc->tasks--;
     backlog_drain(rpc);
@@ -1724,7 +1724,7 @@ static tern_status_t window_wait(rpc_t *rpc, int dst)
     atomic_int never = 0;
     bool blocked = false;
     for (;;) {
-        pthread_mutex_lock(&comm->lock);
+        tern__comm_lock(comm);
         bool fits = rpc->window_used[dst] < rpc->window || rpc->closed ||
                     comm->peer_failed[dst] != TERN_OK;
         pthread_mutex_unlock(&comm->lock);
@@ -1942,7 +1942,7 @@ static tern_status_t call_out(rpc_t *rpc, int dst, uint8_t type, uint64_t target
         if (args != NULL)
             f->prof_bytes = args->blob_len + tensors_bytes(args->tensors, args->ntensors);
     }
-    pthread_mutex_lock(&comm->lock);
+    tern__comm_lock(comm);
     if (rpc->closed) {
         st = tern__error(TERN_ERR_CLOSED, "%s: RPC is shut down", f->what);
         goto out;
@@ -2121,7 +2121,7 @@ tern_status_t tern_future_then(tern_future_t *f, tern_future_cb cb, void *arg)
         return tern__error(TERN_ERR_INVALID_PARAM, "tern_future_then: NULL %s",
                            f == NULL ? "future" : "callback");
     tern__comm_t *comm = f->rpc->comm;
-    pthread_mutex_lock(&comm->lock);
+    tern__comm_lock(comm);
     bool done = atomic_load(&f->done);
     if (!done) {
         if (f->ncbs == MAX_CBS) {
@@ -2367,7 +2367,7 @@ void tern_rpc_call_complete(tern_rpc_call_t *c, tern_status_t status)
     rpc_t *rpc = c->rpc;
     if (status != TERN_OK && c->error == NULL)
         c->error = strdup(tern_last_error());
-    pthread_mutex_lock(&rpc->comm->lock);
+    tern__comm_lock(rpc->comm);
     if (c->in_handler) {
         c->complete_early = true;
         c->early_status = status;
@@ -2386,7 +2386,7 @@ static tern_status_t remote_out(rpc_t *rpc, int dst, uint64_t target, const char
                                 const tern_rpc_args_t *args, int64_t timeout_ns,
                                 tern_rref_t **rref)
 {
-    pthread_mutex_lock(&rpc->comm->lock);
+    tern__comm_lock(rpc->comm);
     uint64_t id = new_id(rpc), fork = new_id(rpc);
     pthread_mutex_unlock(&rpc->comm->lock);
     tern_rref_t *r = rref_new(rpc, dst, id, fork);
@@ -2465,7 +2465,7 @@ tern_status_t tern_rref_local(tern_ctx_t *ctx, const tern_rpc_args_t *value, ter
         memcpy(tmp.blob, value->blob, value->blob_len);
         tmp.blob_len = value->blob_len;
     }
-    pthread_mutex_lock(&rpc->comm->lock);
+    tern__comm_lock(rpc->comm);
     uint64_t id = new_id(rpc), fork = new_id(rpc);
     owner_t *o = owner_new(rpc, id);
     tern_rref_t *r = o != NULL ? rref_new(rpc, rpc->rank, id, fork) : NULL;
@@ -2591,7 +2591,7 @@ void tern_rref_release(tern_rref_t *r)
     if (r == NULL)
         return;
     rpc_t *rpc = r->rpc;
-    pthread_mutex_lock(&rpc->comm->lock);
+    tern__comm_lock(rpc->comm);
     rref_drop_locked(rpc, r);
     pthread_mutex_unlock(&rpc->comm->lock);
 }
@@ -2601,7 +2601,7 @@ size_t tern_rpc_owned_count(tern_ctx_t *ctx)
     rpc_t *rpc = rpc_of(ctx);
     if (rpc == NULL)
         return 0;
-    pthread_mutex_lock(&rpc->comm->lock);
+    tern__comm_lock(rpc->comm);
     size_t n = HASH_COUNT(rpc->owned);
     pthread_mutex_unlock(&rpc->comm->lock);
     return n;
@@ -2652,7 +2652,7 @@ static void wait_tasks(rpc_t *rpc)
 {
     atomic_int never = 0;
     for (;;) {
-        pthread_mutex_lock(&rpc->comm->lock);
+        tern__comm_lock(rpc->comm);
         bool idle = rpc->tasks == 0 && rpc->pulling == 0;
         pthread_mutex_unlock(&rpc->comm->lock);
         if (idle)
@@ -2708,7 +2708,7 @@ static void rpc_fini(tern__comm_t *comm)
     if (!rpc->closed)
         tern_rpc_shutdown(rpc->ctx, 0);
     wait_tasks(rpc);
-    pthread_mutex_lock(&comm->lock);
+    tern__comm_lock(comm);
     tern__comm_set_handler(comm, TERN_IMM_RPC_REQUEST, NULL, NULL);
     tern__comm_set_handler(comm, TERN_IMM_RPC_REPLY, NULL, NULL);
     comm->rpc_poll = NULL;
@@ -2727,7 +2727,7 @@ static void wait_quiet(rpc_t *rpc)
     uint64_t next_note = tern_clock_ns() + (uint64_t)tern__ctx_timeout(rpc->ctx);
     for (;;) {
         if (tern_clock_ns() > next_note) {
-            pthread_mutex_lock(&rpc->comm->lock);
+            tern__comm_lock(rpc->comm);
             tern_warn("rpc: shutdown still waits: %u calls out, %u handlers, %u deferred, %u "
                       "pulls, %s, %s",
                       HASH_COUNT(rpc->inflight), rpc->running, rpc->deferred, rpc->pulling,
@@ -2736,7 +2736,7 @@ static void wait_quiet(rpc_t *rpc)
             pthread_mutex_unlock(&rpc->comm->lock);
             next_note = tern_clock_ns() + (uint64_t)tern__ctx_timeout(rpc->ctx);
         }
-        pthread_mutex_lock(&rpc->comm->lock);
+        tern__comm_lock(rpc->comm);
         bool quiet = rpc->inflight == NULL && rpc->running == 0 && rpc->backlog_head == NULL &&
                      rpc->tasks == 0 && rpc->deferred == 0 && rpc->pulling == 0 &&
                      rpc->children == NULL && rpc->held == NULL;
@@ -2794,7 +2794,7 @@ tern_status_t tern_rpc_shutdown(tern_ctx_t *ctx, int graceful)
             char key[96];
             int64_t sent, got;
             wait_quiet(rpc);
-            pthread_mutex_lock(&rpc->comm->lock);
+            tern__comm_lock(rpc->comm);
             int64_t s = (int64_t)rpc->sent, h = (int64_t)rpc->handled;
             pthread_mutex_unlock(&rpc->comm->lock);
             snprintf(key, sizeof(key), "tern/rpc/shutdown/%u/sent", round);
@@ -2820,11 +2820,11 @@ tern_status_t tern_rpc_shutdown(tern_ctx_t *ctx, int graceful)
                       "down here",
                       tern_last_error());
     }
-    pthread_mutex_lock(&rpc->comm->lock);
+    tern__comm_lock(rpc->comm);
     rpc->closed = true;
     pthread_mutex_unlock(&rpc->comm->lock);
     wait_tasks(rpc);
-    pthread_mutex_lock(&rpc->comm->lock);
+    tern__comm_lock(rpc->comm);
     teardown_locked(rpc, TERN_ERR_CLOSED);
     pthread_mutex_unlock(&rpc->comm->lock);
     return st;
@@ -2915,7 +2915,7 @@ tern_status_t tern_rpc_init(tern_ctx_t *ctx, const char *name, const tern_rpc_op
                 goto fail;
             }
     /* Every rank installs its handlers before any call can reach it. */
-    pthread_mutex_lock(&comm->lock);
+    tern__comm_lock(comm);
     comm->rpc_state = rpc;
     comm->rpc_poll = rpc_poll;
     comm->rpc_peer_lost = rpc_peer_lost;
