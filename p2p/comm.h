@@ -86,6 +86,7 @@ struct tern__comm {
     pthread_mutex_t lock;
     pthread_cond_t done_cv;   /* broadcast (under lock) whenever a request completes */
     pthread_cond_t idle_cv;   /* the progress thread sleeps on it while a waiter spins */
+    pthread_mutex_t idle_lock; /* idle_cv's */
     pthread_t thread;
     bool thread_started;
     /* rank 0: the store server the progress thread serves, and its fd */

@@ -161,9 +161,10 @@ static void *progress_main(void *arg)
     int store_fd = comm->store_fd;
     tern__log_set_rank((int)comm->rank);
     while (!atomic_load(&comm->stop)) {
-        tern__comm_lock(comm);
         /* A waiter is progressing, or was during the last nap: stay out of
-         * its way. */
+         * its way, and off comm->lock, which a waiter polls under (its
+         * naps on a lock of their own: waking on comm->lock made the waiter
+         * pay a futex wake-up every nap). */
         for (;;) {
             unsigned waits = atomic_load(&comm->waits);
             if (atomic_load(&comm->stop) || (atomic_load(&comm->spinning) == 0 && waits == seen_waits))
@@ -174,13 +175,16 @@ static void *progress_main(void *arg)
             ts.tv_nsec += NAP_NS;
             ts.tv_sec += ts.tv_nsec / 1000000000;
             ts.tv_nsec %= 1000000000;
-            pthread_cond_timedwait(&comm->idle_cv, &comm->lock, &ts);
-            if (comm->store_server != NULL) {
-                pthread_mutex_unlock(&comm->lock);
+            pthread_mutex_lock(&comm->idle_lock);
+            if (!atomic_load(&comm->stop))
+                pthread_cond_timedwait(&comm->idle_cv, &comm->idle_lock, &ts);
+            pthread_mutex_unlock(&comm->idle_lock);
+            if (comm->store_server != NULL)
                 tern__store_server_serve(comm->store_server);
-                tern__comm_lock(comm);
-            }
         }
+        if (atomic_load(&comm->stop))
+            break;
+        tern__comm_lock(comm);
         int n = tern_transport_progress(comm->tp);
         bool may_sleep = n == 0 && !comm->busy_poll && fd >= 0 &&
                          !atomic_load(&comm->coll_kick) && tern_transport_arm(comm->tp) == TERN_OK;
@@ -226,9 +230,9 @@ static void comm_free(tern__comm_t *comm)
         return;
     if (comm->thread_started) {
         atomic_store(&comm->stop, true);
-        tern__comm_lock(comm);
+        pthread_mutex_lock(&comm->idle_lock);
         pthread_cond_broadcast(&comm->idle_cv);
-        pthread_mutex_unlock(&comm->lock);
+        pthread_mutex_unlock(&comm->idle_lock);
         pthread_join(comm->thread, NULL);
     }
     if (comm->coll_fini != NULL)
@@ -241,6 +245,7 @@ static void comm_free(tern__comm_t *comm)
     tern_store_close(comm->ep_store);
     tern__p2p_free_caches(comm);
     pthread_cond_destroy(&comm->idle_cv);
+    pthread_mutex_destroy(&comm->idle_lock);
     pthread_cond_destroy(&comm->done_cv);
     pthread_mutex_destroy(&comm->lock);
     free(comm->eps);
@@ -273,6 +278,7 @@ static tern_status_t comm_open(tern_ctx_t *ctx)
     pthread_mutex_init(&comm->lock, NULL);
     pthread_cond_init(&comm->done_cv, NULL);
     pthread_cond_init(&comm->idle_cv, NULL);
+    pthread_mutex_init(&comm->idle_lock, NULL);
     comm->eps = calloc(comm->world, sizeof(*comm->eps));
     comm->peer_failed = calloc(comm->world, sizeof(*comm->peer_failed));
     if (comm->eps == NULL || comm->peer_failed == NULL) {
