@@ -13,7 +13,8 @@
  *             can detect peer failure, UCP_ERR_HANDLING_MODE_NONE where they
  *             cannot (shared memory in UCX 1.13)
  *   send      ucp_am_send_nbx on one AM id; the AM header carries the sender's
- *             self_id, the immediate, and a per-endpoint sequence number
+ *             self_id, the immediate, and a per-endpoint sequence number (a
+ *             small payload rides after it in the AM's data: am_post)
  *   put       ucp_put_nbx + ucp_ep_flush_nbx: a put completes once the data is
  *             at the target, as an RC write completes once acknowledged
  *   put+imm   the above, then a notify AM: the target raises TERN_EVENT_PUT_IMM
