@@ -26,6 +26,7 @@
 
 #include <tern/clock.h>
 
+#include "core/clock.h"
 #include "core/error.h"
 #include "core/kv.h"
 #include "core/log.h"
@@ -642,11 +643,7 @@ tern_status_t tern_store_server_stop(tern_store_server_t *s, int64_t timeout_ns)
     if (s->thread_started) {
         pthread_mutex_lock(&s->lock);
         while ((wait = stop_wait(s, deadline, &st)) > 0) {
-            struct timespec ts;
-            clock_gettime(CLOCK_REALTIME, &ts);
-            ts.tv_nsec += (long)wait;
-            ts.tv_sec += ts.tv_nsec / 1000000000;
-            ts.tv_nsec %= 1000000000;
+            struct timespec ts = tern__clock_realtime_after(wait);
             pthread_cond_timedwait(&s->cond, &s->lock, &ts);
         }
         s->stop = true;

@@ -23,6 +23,7 @@
 #include <tern/p2p.h>
 
 #include "core/context.h"
+#include "core/clock.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/topology.h"
@@ -170,11 +171,7 @@ static void *progress_main(void *arg)
             if (atomic_load(&comm->stop) || (atomic_load(&comm->spinning) == 0 && waits == seen_waits))
                 break;
             seen_waits = waits;
-            struct timespec ts;
-            clock_gettime(CLOCK_REALTIME, &ts);
-            ts.tv_nsec += NAP_NS;
-            ts.tv_sec += ts.tv_nsec / 1000000000;
-            ts.tv_nsec %= 1000000000;
+            struct timespec ts = tern__clock_realtime_after(NAP_NS);
             pthread_mutex_lock(&comm->idle_lock);
             if (!atomic_load(&comm->stop))
                 pthread_cond_timedwait(&comm->idle_cv, &comm->idle_lock, &ts);
