@@ -15,6 +15,10 @@
  *
  * Each shard's forward fetches its input with to_here() (an RPC made from a
  * handler), so shard 2 works on micro-batch i while shard 1 works on i + 1.
+ * DistResNet50.parameter_rrefs() is here too: each shard's parameter_rrefs
+ * method returns an RRef per parameter (RRefs in a result), and the master
+ * collects them from both shards, as it would for a DistributedOptimizer,
+ * and reads each one back (tern has no autograd, so no optimizer steps).
  * The master checks the output against the same model computed locally
  * (weights are a deterministic function of a seed, on every rank), releases
  * everything, waits until no worker owns anything any more (every object's
@@ -155,6 +159,28 @@ static tern_status_t shard_forward(tern_rpc_call_t *call)
     return st;
 }
 
+/* Shard1.parameter_rrefs and Shard2.parameter_rrefs: [RRef(p) for p in
+ * self.parameters()], one parameter here (the weights). tern_rref_local
+ * keeps a copy, so the RRef is a snapshot of the weights; in PyTorch RRef(p)
+ * names p itself. The call holds its own handle of each RRef it returns. */
+static tern_status_t shard_parameter_rrefs(tern_rpc_call_t *call)
+{
+    shard_t *s = tern_rpc_call_self(call);
+    if (s == NULL)
+        return tern_rpc_call_fail(call, TERN_ERR_INVALID_PARAM, "not called on a shard");
+    int64_t shape[2] = {s->in, s->out};
+    tern_tensor_t w;
+    tern_rref_t *p_rref;
+    tern_status_t st = tern_tensor_init(&w, s->w, TERN_DTYPE_F32, 2, shape, tern_device_cpu());
+    tern_rpc_args_t value = {.tensors = &w, .ntensors = 1};
+    if (st == TERN_OK &&
+        (st = tern_rref_local(tern_rpc_call_ctx(call), &value, &p_rref)) == TERN_OK) {
+        st = tern_rpc_call_return_rref(call, p_rref);
+        tern_rref_release(p_rref);
+    }
+    return st;
+}
+
 /* How many objects and values this worker owns: the master's leak check. */
 static tern_status_t owned(tern_rpc_call_t *call)
 {
@@ -260,6 +286,61 @@ static int wait_released(tern_ctx_t *ctx)
     }
 }
 
+/*
+ * DistResNet50.parameter_rrefs(): the parameter RRefs of both shards, which
+ * the seed hands to DistributedOptimizer. The seed asks each shard with
+ * p_rref.remote().parameter_rrefs().to_here(); p_rref.rpc_sync() is the
+ * same in one round trip. Each parameter is read back through its RRef and
+ * compared with the weights w1 and w2. 0, or 1 after saying why.
+ */
+static int check_parameter_rrefs(tern_rref_t *p1_rref, tern_rref_t *p2_rref, const float *w1,
+                                 const float *w2)
+{
+    tern_rref_t *const shards[2] = {p1_rref, p2_rref};
+    const float *want[2] = {w1, w2};
+    const int64_t shape[2][2] = {{IN, HIDDEN}, {HIDDEN, OUT}};
+    size_t nparams = 0;
+    int rc = 0;
+    for (int k = 0; k < 2 && rc == 0; k++) {
+        tern_future_t *f;
+        if (tern_rref_rpc_sync(shards[k], "parameter_rrefs", NULL, TERN_RPC_TIMEOUT_DEFAULT, &f) !=
+            TERN_OK) {
+            fprintf(stderr, "master: parameter_rrefs of shard %d: %s\n", k + 1, tern_last_error());
+            return 1;
+        }
+        const tern_rpc_value_t *v = tern_future_value(f);
+        for (size_t i = 0; i < v->nrrefs && rc == 0; i++) {
+            tern_future_t *p;
+            if (tern_rref_to_here(v->rrefs[i], TERN_RPC_TIMEOUT_DEFAULT, &p) != TERN_OK) {
+                fprintf(stderr, "master: to_here of a parameter: %s\n", tern_last_error());
+                rc = 1;
+                break;
+            }
+            const tern_rpc_value_t *pv = tern_future_value(p);
+            const tern_tensor_t *t = pv->ntensors == 1 ? &pv->tensors[0] : NULL;
+            if (t == NULL || t->ndim != 2 || t->shape[0] != shape[k][0] ||
+                t->shape[1] != shape[k][1] ||
+                memcmp(t->data, want[k], sizeof(float) * (size_t)(shape[k][0] * shape[k][1]))) {
+                fprintf(stderr, "master: parameter %zu of shard %d is not its weights\n", i, k + 1);
+                rc = 1;
+            } else {
+                printf("master: shard %d parameter %zu: [%lld, %lld] on %s, as built\n", k + 1, i,
+                       (long long)t->shape[0], (long long)t->shape[1],
+                       WORKERS[tern_rref_owner(v->rrefs[i]) - 1]);
+            }
+            nparams++;
+            tern_future_free(p);
+        }
+        /* Freeing the future releases its RRefs: the owners free the copies. */
+        tern_future_free(f);
+    }
+    if (rc == 0 && nparams != 2) {
+        fprintf(stderr, "master: %zu parameter RRefs, want 2\n", nparams);
+        rc = 1;
+    }
+    return rc;
+}
+
 static int run_master(tern_ctx_t *ctx)
 {
     shard_spec_t s1 = {IN, HIDDEN, SEED1}, s2 = {HIDDEN, OUT, SEED2};
@@ -309,6 +390,8 @@ static int run_master(tern_ctx_t *ctx)
             rc = 1;
         }
     }
+    if (rc == 0)
+        rc = check_parameter_rrefs(p1_rref, p2_rref, w1, w2);
     fflush(stdout);
     tern_rref_release(p1_rref);
     tern_rref_release(p2_rref);
@@ -328,6 +411,8 @@ int main(void)
         tern_rpc_register_class("Shard2", shard2_new, shard_free) != TERN_OK ||
         tern_rpc_register("Shard1.forward", shard_forward) != TERN_OK ||
         tern_rpc_register("Shard2.forward", shard_forward) != TERN_OK ||
+        tern_rpc_register("Shard1.parameter_rrefs", shard_parameter_rrefs) != TERN_OK ||
+        tern_rpc_register("Shard2.parameter_rrefs", shard_parameter_rrefs) != TERN_OK ||
         tern_rpc_register("owned_count", owned) != TERN_OK) {
         fprintf(stderr, "tern_rpc_register: %s\n", tern_last_error());
         return 1;

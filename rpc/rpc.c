@@ -146,6 +146,7 @@ struct tern_future {
     void **bufs;      /* pulled payloads */
     tern_mr_t **mrs;
     size_t nbufs;
+    tern_rref_t **rrefs; /* [value.nrrefs] the result's RRefs: the future's handles */
     int gets;         /* pulls in flight */
     /* in flight */
     uint64_t call_id;
@@ -194,6 +195,8 @@ struct tern_rpc_call {
     size_t nres, capres;
     void *res_blob;
     size_t res_blob_len;
+    tern_rref_t **res_rrefs; /* [nres_rrefs] handles the result passes on */
+    size_t nres_rrefs;
     char *error;
     bool deferred;
     bool in_handler;           /* its handler runs now (under lock) */
@@ -545,12 +548,139 @@ static void child_accepted(rpc_t *rpc, child_t *c)
         rref_finish(rpc, r);
 }
 
+/*
+ * RRefs going out in one message (a call's arguments or a call's result) to
+ * rank dst: a fork each for the receiver, by the cases of docs/rpc.md. The
+ * sender that owns one registers the receiver's fork now; one that does not
+ * makes a child its own fork waits for (rrefs_commit lists them, right
+ * before the send). Lock held throughout.
+ */
+typedef struct rref_out {
+    uint8_t wire[MAX_RREFS][RREF_WIRE];
+    child_t *kids[MAX_RREFS];
+    owner_t *reg_owner[MAX_RREFS];
+    uint64_t reg_fork[MAX_RREFS];
+    size_t n;
+} rref_out_t;
+
+static void rrefs_undo(rpc_t *rpc, rref_out_t *out)
+{
+    for (size_t i = 0; i < out->n; i++) {
+        free(out->kids[i]);
+        out->kids[i] = NULL;
+        if (out->reg_owner[i] != NULL)
+            owner_drop_fork(rpc, out->reg_owner[i], out->reg_fork[i]);
+        out->reg_owner[i] = NULL;
+    }
+    out->n = 0;
+}
+
+static tern_status_t rrefs_pack(rpc_t *rpc, int dst, tern_rref_t *const *rrefs, size_t n,
+                                const char *what, rref_out_t *out)
+{
+    tern_status_t st = TERN_OK;
+    out->n = 0;
+    for (size_t i = 0; i < n; i++) {
+        tern_rref_t *r = rrefs[i];
+        uint64_t fork = new_id(rpc);
+        uint32_t flags;
+        out->kids[i] = NULL;
+        out->reg_owner[i] = NULL;
+        if (r == NULL || r->rpc != rpc) {
+            st = tern__error(TERN_ERR_INVALID_PARAM, "%s RRef %zu is not of this worker", what, i);
+            break;
+        }
+        if (r->owner == rpc->rank) {
+            owner_t *o = owner_find(rpc, r->id);
+            if (o == NULL) {
+                st = tern__error(TERN_ERR_NOT_FOUND, "%s RRef %zu is gone", what, i);
+                break;
+            }
+            if ((st = owner_add_fork(o, fork, dst)) != TERN_OK)
+                break;
+            out->reg_owner[i] = o;
+            out->reg_fork[i] = fork;
+            flags = RA_REGISTERED;
+        } else {
+            child_t *k = calloc(1, sizeof(*k));
+            if (k == NULL) {
+                st = tern__error(TERN_ERR_NO_MEMORY, "rpc: out of memory");
+                break;
+            }
+            k->fork = fork;
+            k->to = dst;
+            k->parent = r;
+            out->kids[i] = k;
+            flags = RA_CHILD;
+        }
+        out->n = i + 1;
+        uint8_t *w = out->wire[i];
+        memset(w, 0, RREF_WIRE);
+        tern__put_le32(w, (uint32_t)r->owner);
+        tern__put_le32(w + 4, flags);
+        tern__put_le64(w + 8, r->id);
+        tern__put_le64(w + 16, fork);
+        tern__put_le32(w + 24, (uint32_t)rpc->rank);
+    }
+    if (st != TERN_OK)
+        rrefs_undo(rpc, out);
+    return st;
+}
+
+/* The children are listed before the send: to this worker itself the
+ * acceptance comes back inside it. */
+static void rrefs_commit(rpc_t *rpc, rref_out_t *out)
+{
+    for (size_t i = 0; i < out->n; i++)
+        if (out->kids[i] != NULL) {
+            out->kids[i]->next = rpc->children;
+            rpc->children = out->kids[i];
+            out->kids[i]->parent->children++;
+        }
+}
+
+/* The send failed after rrefs_commit: nothing went out, undo it all. */
+static void rrefs_uncommit(rpc_t *rpc, rref_out_t *out)
+{
+    for (size_t i = 0; i < out->n; i++)
+        if (out->kids[i] != NULL) {
+            for (child_t **pp = &rpc->children; *pp != NULL; pp = &(*pp)->next)
+                if (*pp == out->kids[i]) {
+                    *pp = out->kids[i]->next;
+                    child_accepted(rpc, out->kids[i]);
+                    break;
+                }
+            out->kids[i] = NULL;
+        }
+    rrefs_undo(rpc, out);
+}
+
 /* ---- futures ---- */
 
-static void future_unref(tern_future_t *f)
+/* The RRef handles of f's result go (lock held). */
+static void future_drop_rrefs(rpc_t *rpc, tern_future_t *f)
+{
+    for (size_t i = 0; i < f->value.nrrefs; i++)
+        rref_drop_locked(rpc, f->rrefs[i]);
+    free(f->rrefs);
+    f->rrefs = NULL;
+    f->value.rrefs = NULL;
+    f->value.nrrefs = 0;
+}
+
+/* Drop a reference to f; locked says whether this thread holds the lock
+ * (a result's RRefs are released under it). */
+static void future_unref(tern_future_t *f, bool locked)
 {
     if (atomic_fetch_sub(&f->refs, 1) != 1)
         return;
+    if (f->value.nrrefs > 0) {
+        if (!locked)
+            tern__comm_lock(f->rpc->comm);
+        future_drop_rrefs(f->rpc, f);
+        if (!locked)
+            pthread_mutex_unlock(&f->rpc->comm->lock);
+    }
     for (size_t i = 0; i < f->nbufs; i++)
         free(f->bufs[i]);
     free(f->bufs);
@@ -572,7 +702,7 @@ static void run_callbacks(void *arg)
     tern__comm_lock(rpc->comm);
     rpc->tasks--;
     pthread_mutex_unlock(&rpc->comm->lock);
-    future_unref(f);
+    future_unref(f, false);
 }
 
 /* The target has the arguments (or cannot read them any more): let them go. */
@@ -601,6 +731,8 @@ static void future_complete(rpc_t *rpc, tern_future_t *f, tern_status_t st, char
         f->error = strdup(tern_strerror(st));
     if (st == TERN_OK)
         f->value.tensors = f->tensors;
+    else
+        future_drop_rrefs(rpc, f); /* no value to read them from: the owners may free */
     if (f->prof.name != NULL) {
         /* Filed before done: a caller that stops the profiler after its wait
          * finds the call. */
@@ -622,7 +754,7 @@ static void future_complete(rpc_t *rpc, tern_future_t *f, tern_status_t st, char
         tern_error("rpc: cannot queue the callbacks of %s: %s; they do not run", f->what,
                    tern_last_error());
     }
-    future_unref(f);
+    future_unref(f, true);
 }
 
 static void future_time_out(rpc_t *rpc, tern_future_t *f)
@@ -901,6 +1033,9 @@ static void call_free(rpc_t *rpc, call_t *c)
     }
     for (size_t i = 0; i < c->nrrefs; i++)
         rref_drop_locked(rpc, c->rrefs[i]);
+    for (size_t i = 0; i < c->nres_rrefs; i++)
+        rref_drop_locked(rpc, c->res_rrefs[i]);
+    free(c->res_rrefs);
     results_clear(c);
     free(c->res);
     free(c->bufs);
@@ -1201,6 +1336,8 @@ static void handle_request(rpc_t *rpc, int src, uint32_t imm, const hdr_t *h,
         }
         c->nrrefs++;
     }
+    c->value.rrefs = c->rrefs;
+    c->value.nrrefs = c->nrrefs;
     /* Inline payloads and the blob stay in a copy of the message. */
     bool keep = h->ntensors > 0 || h->blob_len > 0;
     if (keep && (c->msg = malloc(len)) == NULL) {
@@ -1291,6 +1428,15 @@ static void reply(rpc_t *rpc, call_t *c, tern_status_t st)
 {
     if (c->type == M_REMOTE && c->made != NULL) {
         owner_t *o = c->made;
+        if (st == TERN_OK && o->cls == NULL && c->nres_rrefs > 0) {
+            /* A value lives on its owner and its RRefs would have to be
+             * forks of it; tern keeps values to tensors and a blob. */
+            st = TERN_ERR_UNSUPPORTED;
+            free(c->error);
+            c->error = dup_printf("%s returned %zu RRefs: the value of an RRef holds tensors "
+                                  "and a blob only (return them from rpc_sync/rpc_async)",
+                                  c->name, c->nres_rrefs);
+        }
         if (st == TERN_OK && o->cls != NULL) {
             o->state = O_READY;
         } else if (st == TERN_OK) {
@@ -1330,8 +1476,15 @@ static void reply(rpc_t *rpc, call_t *c, tern_status_t st)
     }
 
     tplan_t plan[MAX_TENSORS];
+    rref_out_t ro;
     char text[MAX_ERROR];
     size_t text_len = 0, size = HDR;
+    ro.n = 0;
+    if (st == TERN_OK && c->type != M_REMOTE && c->nres_rrefs > 0 &&
+        (st = rrefs_pack(rpc, c->caller, c->res_rrefs, c->nres_rrefs, "result", &ro)) != TERN_OK) {
+        free(c->error);
+        c->error = dup_printf("cannot send the result: %s", tern_last_error());
+    }
     if (st != TERN_OK) {
         /* "worker1: add: <why>", without repeating a name the handler gave */
         const char *why = c->error ? c->error : tern_strerror(st);
@@ -1347,9 +1500,11 @@ static void reply(rpc_t *rpc, call_t *c, tern_status_t st)
     tern_tensor_t res[MAX_TENSORS];
     for (size_t i = 0; i < c->nres; i++)
         res[i] = c->res[i]->t;
+    size += ro.n * RREF_WIRE;
     tern_status_t est = plan_tensors(rpc, c->caller, res, c->nres, plan, &size);
     if (est != TERN_OK) {
         plan_undo(plan, c->nres);
+        rrefs_undo(rpc, &ro);
         snprintf(text, sizeof(text), "%s: %s: cannot send the result: %s", rpc->names[rpc->rank],
                  c->name, tern_last_error());
         text_len = strlen(text);
@@ -1374,6 +1529,7 @@ static void reply(rpc_t *rpc, call_t *c, tern_status_t st)
     uint8_t *buf = size <= rpc->max_send || c->caller == rpc->rank ? malloc(size) : NULL;
     if (buf == NULL) {
         plan_undo(plan, c->nres);
+        rrefs_undo(rpc, &ro);
         tern_error("rpc: cannot reply to %s's call of %s (%zu bytes)", wname(rpc, c->caller),
                    c->name, size);
         call_free(rpc, c);
@@ -1383,6 +1539,7 @@ static void reply(rpc_t *rpc, call_t *c, tern_status_t st)
                .text_len = (uint16_t)text_len,
                .ntensors = (uint32_t)c->nres,
                .call_id = c->call_id,
+               .nrrefs = (uint32_t)ro.n,
                .blob_len = (uint32_t)blob_len,
                .status = st};
     if (ev_len > 0) {
@@ -1395,6 +1552,8 @@ static void reply(rpc_t *rpc, call_t *c, tern_status_t st)
     memcpy(p, text, text_len);
     memset(p + text_len, 0, pad8(text_len) - text_len);
     p += pad8(text_len);
+    for (size_t i = 0; i < ro.n; i++, p += RREF_WIRE)
+        memcpy(p, ro.wire[i], RREF_WIRE);
     p = put_tensors(p, plan, c->nres);
     if (blob_len > 0)
         memcpy(p, c->res_blob, blob_len);
@@ -1409,9 +1568,12 @@ static void reply(rpc_t *rpc, call_t *c, tern_status_t st)
         c->next = rpc->held;
         rpc->held = c;
     }
+    rrefs_commit(rpc, &ro);
     tern_status_t sst = send_msg(rpc, caller, buf, size);
     if (sst != TERN_OK && rpc->comm->peer_failed[caller] == TERN_OK)
         tern_warn("rpc: cannot reply to %s: %s", wname(rpc, caller), tern_last_error());
+    if (sst != TERN_OK)
+        rrefs_uncommit(rpc, &ro); /* the caller got no fork: none may stay */
     if (held && sst != TERN_OK) {
         for (call_t **pp = &rpc->held; *pp != NULL; pp = &(*pp)->next)
             if (*pp == c) {
@@ -1516,9 +1678,40 @@ static void future_pulled(rpc_t *rpc, tern_future_t *f)
     future_complete(rpc, f, st, err);
 }
 
+/*
+ * Take the RRefs of a reply of len bytes (lock held) into *out (NULL for
+ * none): each is a fork for this worker, which the owner must hear about
+ * even when nobody reads the reply. A malformed list takes none.
+ */
+static tern_status_t take_reply_rrefs(rpc_t *rpc, const hdr_t *h, const uint8_t *data, size_t len,
+                                      tern_rref_t ***out)
+{
+    *out = NULL;
+    if (h->nrrefs == 0)
+        return TERN_OK;
+    if (h->nrrefs > MAX_RREFS || len - HDR < pad8(h->text_len) + (size_t)h->nrrefs * RREF_WIRE)
+        return tern__error(TERN_ERR_PROTOCOL, "%u RRefs do not fit", h->nrrefs);
+    tern_rref_t **rs = calloc(h->nrrefs, sizeof(*rs));
+    if (rs == NULL)
+        return tern__error(TERN_ERR_NO_MEMORY, "rpc: out of memory");
+    const uint8_t *p = data + HDR + pad8(h->text_len);
+    for (uint32_t i = 0; i < h->nrrefs; i++, p += RREF_WIRE) {
+        tern_status_t st = take_rref(rpc, p, &rs[i]);
+        if (st != TERN_OK) {
+            while (i-- > 0)
+                rref_drop_locked(rpc, rs[i]);
+            free(rs);
+            return st;
+        }
+    }
+    *out = rs;
+    return TERN_OK;
+}
+
 static void handle_reply(rpc_t *rpc, int src, const hdr_t *h, const uint8_t *data, size_t len)
 {
     tern_future_t *f = NULL;
+    tern_rref_t **rrefs;
     HASH_FIND(hh, rpc->inflight, &h->call_id, sizeof(h->call_id), f);
     if (f != NULL && f->target == src && f->late) {
         future_time_out(rpc, f); /* its deadline passed: the reply is dropped */
@@ -1526,7 +1719,16 @@ static void handle_reply(rpc_t *rpc, int src, const hdr_t *h, const uint8_t *dat
     }
     if (f == NULL || f->target != src || f->receiving) {
         /* A late reply (the call timed out): its pulled results must still
-         * be released. */
+         * be released, and its RRefs too. */
+        size_t body = h->events_len <= len - HDR ? len - h->events_len : len;
+        if (take_reply_rrefs(rpc, h, data, body, &rrefs) == TERN_OK && rrefs != NULL) {
+            for (uint32_t i = 0; i < h->nrrefs; i++)
+                rref_drop_locked(rpc, rrefs[i]);
+            free(rrefs);
+        } else if (rrefs == NULL && h->nrrefs > 0) {
+            tern_warn("rpc: a late reply from %s has RRefs it cannot give back: %s",
+                      wname(rpc, src), tern_last_error());
+        }
         if (h->ntensors > 0) {
             hdr_t rel = {.type = M_RELEASE, .call_id = h->call_id};
             send_ctl(rpc, src, &rel);
@@ -1553,12 +1755,22 @@ static void handle_reply(rpc_t *rpc, int src, const hdr_t *h, const uint8_t *dat
         future_complete(rpc, f, TERN_ERR_PROTOCOL, dup_printf("%s: malformed reply", f->what));
         return;
     }
+    /* The RRefs first: whatever happens to the future from here, the owners
+     * hear of these forks (future_complete drops them on an error). */
+    if ((st = take_reply_rrefs(rpc, h, data, len, &rrefs)) != TERN_OK) {
+        future_complete(rpc, f, st,
+                        dup_printf("%s: the result's RRefs: %s", f->what, tern_last_error()));
+        return;
+    }
+    f->rrefs = rrefs;
+    f->value.rrefs = rrefs;
+    f->value.nrrefs = rrefs != NULL ? h->nrrefs : 0;
     if (h->status != TERN_OK) {
         future_complete(rpc, f, (tern_status_t)h->status,
                         strndup((const char *)p, h->text_len));
         return;
     }
-    p += pad8(h->text_len);
+    p += pad8(h->text_len) + (size_t)f->value.nrrefs * RREF_WIRE;
     tin_t tin[MAX_TENSORS];
     if (h->ntensors == 0 && h->blob_len == 0) {
         future_complete(rpc, f, TERN_OK, NULL); /* nothing to keep */
@@ -1744,12 +1956,10 @@ static tern_status_t send_request(rpc_t *rpc, int dst, const hdr_t *h0, const ch
 {
     static const tern_rpc_args_t none = {0};
     tplan_t plan[MAX_TENSORS];
-    uint8_t rrefs[MAX_RREFS][RREF_WIRE];
-    child_t *kids[MAX_RREFS] = {0};
-    owner_t *reg_owner[MAX_RREFS] = {0};
-    uint64_t reg_fork[MAX_RREFS] = {0};
+    rref_out_t ro;
     size_t name_len = name ? strlen(name) : 0, size = HDR, planned = 0;
     tern_status_t st = TERN_OK;
+    ro.n = 0;
     if (args == NULL)
         args = &none;
     if (args->ntensors > MAX_TENSORS || args->nrrefs > MAX_RREFS)
@@ -1762,45 +1972,8 @@ static tern_status_t send_request(rpc_t *rpc, int dst, const hdr_t *h0, const ch
         return tern__error(TERN_ERR_OUT_OF_RANGE, "blob of %zu bytes: at most %zu (send tensors)",
                            args->blob_len, MAX_BLOB);
     size += pad8(name_len) + args->nrrefs * RREF_WIRE;
-    /* RRef arguments: a fork each, for the receiver. */
-    size_t nr = 0;
-    for (; nr < args->nrrefs; nr++) {
-        tern_rref_t *r = args->rrefs[nr];
-        if (r == NULL || r->rpc != rpc) {
-            st = tern__error(TERN_ERR_INVALID_PARAM, "RRef argument %zu is not of this worker", nr);
-            goto undo;
-        }
-        uint64_t fork = new_id(rpc);
-        uint32_t flags = 0;
-        if (r->owner == rpc->rank) {
-            owner_t *o = owner_find(rpc, r->id);
-            if (o == NULL || (st = owner_add_fork(o, fork, dst)) != TERN_OK) {
-                st = o == NULL ? tern__error(TERN_ERR_NOT_FOUND, "RRef argument %zu is gone", nr)
-                               : st;
-                goto undo;
-            }
-            reg_owner[nr] = o;
-            reg_fork[nr] = fork;
-            flags = RA_REGISTERED;
-        } else {
-            child_t *k = calloc(1, sizeof(*k));
-            if (k == NULL) {
-                st = tern__error(TERN_ERR_NO_MEMORY, "rpc: out of memory");
-                goto undo;
-            }
-            k->fork = fork;
-            k->to = dst;
-            k->parent = r;
-            kids[nr] = k;
-            flags = RA_CHILD;
-        }
-        memset(rrefs[nr], 0, RREF_WIRE);
-        tern__put_le32(rrefs[nr], (uint32_t)r->owner);
-        tern__put_le32(rrefs[nr] + 4, flags);
-        tern__put_le64(rrefs[nr] + 8, r->id);
-        tern__put_le64(rrefs[nr] + 16, fork);
-        tern__put_le32(rrefs[nr] + 24, (uint32_t)rpc->rank);
-    }
+    if ((st = rrefs_pack(rpc, dst, args->rrefs, args->nrrefs, "argument", &ro)) != TERN_OK)
+        return st;
     st = plan_tensors(rpc, dst, args->tensors, args->ntensors, plan, &size);
     planned = args->ntensors;
     if (st != TERN_OK)
@@ -1828,7 +2001,7 @@ static tern_status_t send_request(rpc_t *rpc, int dst, const hdr_t *h0, const ch
     memset(p + name_len, 0, pad8(name_len) - name_len);
     p += pad8(name_len);
     for (size_t i = 0; i < args->nrrefs; i++, p += RREF_WIRE)
-        memcpy(p, rrefs[i], RREF_WIRE);
+        memcpy(p, ro.wire[i], RREF_WIRE);
     p = put_tensors(p, plan, args->ntensors);
     if (args->blob_len)
         memcpy(p, args->blob, args->blob_len);
@@ -1841,14 +2014,7 @@ static tern_status_t send_request(rpc_t *rpc, int dst, const hdr_t *h0, const ch
         st = tern__error(TERN_ERR_NO_MEMORY, "rpc: out of memory");
         goto undo;
     }
-    /* Children are listed before the send: to this worker itself the
-     * acceptance comes back inside it. */
-    for (size_t i = 0; i < nr; i++)
-        if (kids[i] != NULL) {
-            kids[i]->next = rpc->children;
-            rpc->children = kids[i];
-            kids[i]->parent->children++;
-        }
+    rrefs_commit(rpc, &ro);
     for (size_t i = 0; i < args->ntensors; i++)
         if (plan[i].rndv) {
             f->arg_mrs[f->narg_mrs] = plan[i].mr;
@@ -1870,23 +2036,10 @@ static tern_status_t send_request(rpc_t *rpc, int dst, const hdr_t *h0, const ch
     return TERN_OK;
 
 undo_kids:
-    for (size_t i = 0; i < nr; i++)
-        if (kids[i] != NULL) {
-            for (child_t **pp = &rpc->children; *pp != NULL; pp = &(*pp)->next)
-                if (*pp == kids[i]) {
-                    *pp = kids[i]->next;
-                    child_accepted(rpc, kids[i]);
-                    break;
-                }
-            kids[i] = NULL;
-        }
+    rrefs_uncommit(rpc, &ro);
 undo:
     plan_undo(plan, planned);
-    for (size_t i = 0; i < nr; i++) {
-        free(kids[i]);
-        if (reg_owner[i] != NULL)
-            owner_drop_fork(rpc, reg_owner[i], reg_fork[i]);
-    }
+    rrefs_undo(rpc, &ro);
     return st;
 }
 
@@ -2140,7 +2293,7 @@ tern_status_t tern_future_then(tern_future_t *f, tern_future_cb cb, void *arg)
 void tern_future_free(tern_future_t *f)
 {
     if (f != NULL)
-        future_unref(f);
+        future_unref(f, false);
 }
 
 /* ---- timeouts and lost peers ---- */
@@ -2323,6 +2476,25 @@ tern_status_t tern_rpc_call_return_arg(tern_rpc_call_t *c, size_t i)
     return tern_rpc_call_return_tensor(c, t); /* inline, or a value's: a copy */
 }
 
+tern_status_t tern_rpc_call_return_rref(tern_rpc_call_t *c, tern_rref_t *r)
+{
+    if (c == NULL || r == NULL)
+        return tern__error(TERN_ERR_INVALID_PARAM, "tern_rpc_call_return_rref: NULL argument");
+    if (r->rpc != c->rpc)
+        return tern__error(TERN_ERR_INVALID_PARAM, "tern_rpc_call_return_rref: the RRef is not "
+                                                   "of this worker");
+    if (c->nres_rrefs == MAX_RREFS)
+        return tern__error(TERN_ERR_OUT_OF_RANGE, "at most %d result RRefs", MAX_RREFS);
+    tern_rref_t **n = realloc(c->res_rrefs, (c->nres_rrefs + 1) * sizeof(*n));
+    if (n == NULL)
+        return tern__error(TERN_ERR_NO_MEMORY, "rpc: out of memory");
+    c->res_rrefs = n;
+    /* A handle of the call's own: the handler may release its own at once. */
+    atomic_fetch_add(&r->refs, 1);
+    c->res_rrefs[c->nres_rrefs++] = r;
+    return TERN_OK;
+}
+
 tern_status_t tern_rpc_call_return_blob(tern_rpc_call_t *c, const void *blob, size_t len)
 {
     if (c == NULL || (blob == NULL && len > 0))
@@ -2398,7 +2570,7 @@ static tern_status_t remote_out(rpc_t *rpc, int dst, uint64_t target, const char
         free(r);
         return st;
     }
-    future_unref(f);
+    future_unref(f, false);
     *rref = r;
     return TERN_OK;
 }

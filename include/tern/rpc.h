@@ -110,12 +110,17 @@ typedef struct tern_rpc_args {
 
 /* A value received: a call's arguments (in a handler) or its result (in a
  * future). Contiguous CPU tensors whose memory belongs to the call or future,
- * each payload aligned to at least 8 bytes (64 when it was pulled). */
+ * each payload aligned to at least 8 bytes (64 when it was pulled). The
+ * RRefs are borrowed as well: valid while the call runs (arguments; the same
+ * as tern_rpc_call_rref) or until the future is freed (results);
+ * tern_rref_dup() one to keep it longer. */
 typedef struct tern_rpc_value {
     const tern_tensor_t *tensors;
     size_t ntensors;
     const void *blob;
     size_t blob_len;
+    tern_rref_t *const *rrefs;
+    size_t nrrefs;
 } tern_rpc_value_t;
 
 /* ---- calls and futures ---- */
@@ -235,6 +240,16 @@ TERN_API tern_status_t tern_rpc_call_alloc_tensor(tern_rpc_call_t *call, tern_dt
 TERN_API tern_status_t tern_rpc_call_return_tensor(tern_rpc_call_t *call, const tern_tensor_t *t);
 TERN_API tern_status_t tern_rpc_call_return_blob(tern_rpc_call_t *call, const void *blob,
                                                  size_t len);
+/* Append an RRef to the result, as a Python function returns RRefs (the
+ * pipeline seed's parameter_rrefs): the caller's future gets a handle of its
+ * own (tern_future_value()->rrefs), by the fork protocol of docs/rpc.md. rref
+ * may be owned here (tern_rref_local, an argument's, one from tern_remote) or
+ * anywhere else; the call keeps its own handle until the reply is out, so the
+ * handler may release its own at once. Not for tern_remote's functions (an
+ * RRef's value holds no RRefs: that call fails with TERN_ERR_UNSUPPORTED).
+ * Errors: TERN_ERR_INVALID_PARAM (NULL, or another worker's RRef),
+ * TERN_ERR_OUT_OF_RANGE (over 64 RRefs), TERN_ERR_NO_MEMORY. */
+TERN_API tern_status_t tern_rpc_call_return_rref(tern_rpc_call_t *call, tern_rref_t *rref);
 /* Append argument tensor i as a result: without a copy when it was pulled
  * (over the eager limit; the argument stays readable until the call ends),
  * else as return_tensor. An echo of large tensors moves no byte twice. */

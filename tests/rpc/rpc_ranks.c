@@ -11,7 +11,9 @@
  * replies, tensors from 0 B to 64 MiB and blobs byte for byte, strided
  * arguments, nested calls (blocking and deferred; more at once than the
  * pool has threads), remote objects and value RRefs, RRefs passed to a third
- * worker and reclaimed, handlers that block on calls to their own worker
+ * worker and reclaimed, RRefs returned in results (from their owner, back to
+ * it, from a third worker's object; reclaimed after a timed-out or dropped
+ * reply and a failed handler), handlers that block on calls to their own worker
  * (last: a failure there is reported at the end, after the rest has run),
  * graceful shutdown.
  *
@@ -559,12 +561,78 @@ static tern_status_t h_drop_kept(tern_rpc_call_t *call)
     return TERN_OK;
 }
 
+/* make_rrefs handlers that have returned on this worker. */
+static atomic_int n_made_rrefs;
+
+/* Blob "<n> <base> [<sleep_ms> [fail]]": n value RRefs owned here, the i-th
+ * holding the int64 base + i, returned as the result (this handler's own
+ * handles released at once); with fail, the call fails after adding them. */
+static tern_status_t h_make_rrefs(tern_rpc_call_t *call)
+{
+    char b[64], kw[8] = "";
+    long long n = 0, base = 0, ms = 0;
+    blob_str(tern_rpc_call_args(call), b, sizeof(b));
+    if (sscanf(b, "%lld %lld %lld %7s", &n, &base, &ms, kw) < 2 || n < 0 || n > 64)
+        return tern_rpc_call_fail(call, TERN_ERR_INVALID_PARAM, "make_rrefs: blob '%s'", b);
+    if (tern_rpc_call_return_rref(call, NULL) != TERN_ERR_INVALID_PARAM)
+        return tern_rpc_call_fail(call, TERN_ERR_INTERNAL, "make_rrefs: return_rref(NULL)");
+    tern_status_t st = TERN_OK;
+    for (long long i = 0; i < n && st == TERN_OK; i++) {
+        int64_t v = base + i;
+        tern_tensor_t t = T(&v, I64, 0, NULL);
+        tern_rpc_args_t a = A(&t, 1, NULL, 0);
+        tern_rref_t *r;
+        if ((st = tern_rref_local(tern_rpc_call_ctx(call), &a, &r)) != TERN_OK)
+            break;
+        st = tern_rpc_call_return_rref(call, r);
+        tern_rref_release(r); /* the call holds its own */
+    }
+    if (ms > 0)
+        nap_ms(ms);
+    atomic_fetch_add(&n_made_rrefs, 1);
+    if (st == TERN_OK && strcmp(kw, "fail") == 0)
+        return tern_rpc_call_fail(call, TERN_ERR_INVALID_PARAM, "make_rrefs: failing on purpose");
+    return st;
+}
+
+/* Return every RRef argument as a result; with blob "remote <worker>
+ * <init>", instead a Counter just asked of worker (not built yet, maybe). */
+static tern_status_t h_return_rrefs(tern_rpc_call_t *call)
+{
+    const tern_rpc_value_t *v = tern_rpc_call_args(call);
+    char b[96], who[TERN_RPC_NAME_MAX + 1], init[32];
+    blob_str(v, b, sizeof(b));
+    if (sscanf(b, "remote %63s %31s", who, init) == 2) {
+        tern_rpc_args_t a = S(init);
+        tern_rref_t *r;
+        tern_status_t st =
+            tern_remote(tern_rpc_call_ctx(call), who, "Counter", &a, TERN_RPC_TIMEOUT_DEFAULT, &r);
+        if (st != TERN_OK)
+            return st;
+        st = tern_rpc_call_return_rref(call, r);
+        tern_rref_release(r);
+        return st;
+    }
+    if (v->nrrefs != tern_rpc_call_nrrefs(call))
+        return tern_rpc_call_fail(call, TERN_ERR_INTERNAL,
+                                  "return_rrefs: %zu RRefs in the value, %zu in the call",
+                                  v->nrrefs, tern_rpc_call_nrrefs(call));
+    for (size_t i = 0; i < v->nrrefs; i++) {
+        if (v->rrefs[i] != tern_rpc_call_rref(call, i))
+            return tern_rpc_call_fail(call, TERN_ERR_INTERNAL, "return_rrefs: RRef %zu differs", i);
+        tern_status_t st = tern_rpc_call_return_rref(call, v->rrefs[i]);
+        if (st != TERN_OK)
+            return st;
+    }
+    return TERN_OK;
+}
+
 /* "<owned> <constructed> <destroyed>" on this worker. */
 static tern_status_t h_owned(tern_rpc_call_t *call)
 {
     char out[96];
-    snprintf(out, sizeof(out), "%zu %d %d", tern_rpc_owned_count(ctx), atomic_load(&n_ctor),
-             atomic_load(&n_dtor));
+    snprintf(out, sizeof(out), "%zu %d %d %d", tern_rpc_owned_count(ctx), atomic_load(&n_ctor),
+             atomic_load(&n_dtor), atomic_load(&n_made_rrefs));
     return tern_rpc_call_return_blob(call, out, strlen(out));
 }
 
@@ -660,6 +728,8 @@ static void register_all(void)
     OK(tern_rpc_register("use_rref", h_use_rref));
     OK(tern_rpc_register("use_kept", h_use_kept));
     OK(tern_rpc_register("drop_kept", h_drop_kept));
+    OK(tern_rpc_register("make_rrefs", h_make_rrefs));
+    OK(tern_rpc_register("return_rrefs", h_return_rrefs));
     OK(tern_rpc_register("owned", h_owned));
     OK(tern_rpc_register("rss_mark", h_rss_mark));
     OK(tern_rpc_register("rss_growth", h_rss_growth));
@@ -1679,6 +1749,168 @@ static void test_rref_third(void)
 
 }
 
+/* The number of make_rrefs handlers that have returned on worker r. */
+static int made_rrefs_on(int r)
+{
+    tern_future_t *f = call_ok(names[r], "owned", NULL);
+    char b[96];
+    size_t o;
+    int made, gone, n;
+    blob_str(tern_future_value(f), b, sizeof(b));
+    CHECK(sscanf(b, "%zu %d %d %d", &o, &made, &gone, &n) == 4, "owned: '%s'", b);
+    tern_future_free(f);
+    return n;
+}
+
+/* Wait until this worker owns want objects. */
+static void poll_owned_here(size_t want, const char *what)
+{
+    uint64_t t0 = tern_clock_ns();
+    while (tern_rpc_owned_count(ctx) != want) {
+        CHECK(secs_since(t0) < 15, "%s: %zu owned here, want %zu", what, tern_rpc_owned_count(ctx),
+              want);
+        nap_ms(2);
+    }
+}
+
+/* RRefs in results (as the pipeline seed's parameter_rrefs returns them):
+ * from their owner (w), back to their owner (this rank), from a third
+ * worker's object, and reclaimed when the reply is dropped or fails. */
+static void test_rref_results(int w)
+{
+    const char *to = names[w];
+    size_t o;
+    int made0, gone0;
+    tern_future_t *f;
+    owned_on(w, &o, &made0, &gone0);
+    CHECK(o == 0, "%s owns nothing to begin with (%zu)", to, o);
+
+    /* The target owns them: each comes with a fork for us. */
+    tern_rpc_args_t mk = S("3 40");
+    f = call_ok(to, "make_rrefs", &mk);
+    const tern_rpc_value_t *v = tern_future_value(f);
+    CHECK(v->nrrefs == 3 && v->rrefs != NULL && v->ntensors == 0, "3 RRefs back, got %zu",
+          v->nrrefs);
+    for (size_t i = 0; i < 3; i++) {
+        CHECK(tern_rref_owner(v->rrefs[i]) == w && tern_rref_is_owner(v->rrefs[i]) == (w == rank),
+              "result RRef %zu is owned by %s", i, to);
+        tern_future_t *h;
+        OK(tern_rref_to_here(v->rrefs[i], TERN_RPC_TIMEOUT_DEFAULT, &h));
+        CHECK(i64_result(h) == 40 + (long long)i, "result RRef %zu holds %lld", i, i64_result(h));
+        tern_future_free(h);
+    }
+    owned_on(w, &o, &made0, &gone0);
+    CHECK(o == 3, "%s owns the 3 values while the future holds them (%zu)", to, o);
+    tern_rref_t *keep;
+    OK(tern_rref_dup(v->rrefs[1], &keep));
+    tern_future_free(f); /* two go; the one kept stays */
+    poll_owned(w, 1, gone0, "after freeing the future of 3 RRefs, one kept");
+    tern_future_t *h;
+    OK(tern_rref_to_here(keep, TERN_RPC_TIMEOUT_DEFAULT, &h));
+    CHECK(i64_result(h) == 41, "the kept RRef holds %lld", i64_result(h));
+    tern_future_free(h);
+    tern_rref_release(keep);
+    poll_owned(w, 0, gone0, "after releasing the kept RRef");
+
+    /* Back to its owner: ours again, a handle of its own. */
+    int64_t seven = 7;
+    tern_tensor_t t7 = T(&seven, I64, 0, NULL);
+    tern_rpc_args_t a7 = A(&t7, 1, NULL, 0);
+    tern_rref_t *lr;
+    size_t mine0 = tern_rpc_owned_count(ctx);
+    OK(tern_rref_local(ctx, &a7, &lr));
+    tern_rref_t *const lrs[1] = {lr};
+    tern_rpc_args_t pass = {.rrefs = lrs, .nrrefs = 1};
+    f = call_ok(to, "return_rrefs", &pass);
+    v = tern_future_value(f);
+    CHECK(v->nrrefs == 1 && tern_rref_is_owner(v->rrefs[0]) && v->rrefs[0] != lr,
+          "the RRef came back to its owner as a handle of its own");
+    OK(tern_rref_dup(v->rrefs[0], &keep));
+    tern_future_free(f);
+    tern_rref_release(lr);
+    nap_ms(20);
+    CHECK(tern_rpc_owned_count(ctx) == mine0 + 1, "the returned handle keeps the value (%zu)",
+          tern_rpc_owned_count(ctx));
+    OK(tern_rref_to_here(keep, TERN_RPC_TIMEOUT_DEFAULT, &h));
+    CHECK(i64_result(h) == 7, "the returned RRef holds %lld", i64_result(h));
+    tern_future_free(h);
+    tern_rref_release(keep);
+    poll_owned_here(mine0, "after releasing the returned RRef");
+
+    /* A third worker's object, passed through w and back to us. */
+    if (world >= 3) {
+        int t = w == 2 ? 1 : 2;
+        const char *owner = names[t];
+        size_t ot;
+        int made2, gone2;
+        owned_on(t, &ot, &made2, &gone2);
+        tern_rpc_args_t init = S("100");
+        tern_rref_t *rr;
+        OK(tern_remote(ctx, owner, "Counter", &init, TERN_RPC_TIMEOUT_DEFAULT, &rr));
+        tern_rref_t *const rrs[1] = {rr};
+        tern_rpc_args_t pr = {.rrefs = rrs, .nrrefs = 1};
+        f = call_ok(to, "return_rrefs", &pr);
+        v = tern_future_value(f);
+        CHECK(v->nrrefs == 1 && tern_rref_owner(v->rrefs[0]) == t, "%s's Counter through %s", owner,
+              to);
+        OK(tern_rref_dup(v->rrefs[0], &keep));
+        tern_future_free(f);
+        tern_rref_release(rr); /* only the returned handle is left */
+        f = rref_call(keep, "add", "5");
+        CHECK(i64_result(f) == 105, "Counter through the returned RRef: %lld", i64_result(f));
+        tern_future_free(f);
+        owned_on(t, &ot, &made2, &gone2);
+        CHECK(ot == 1, "%s keeps the Counter for the returned RRef (%zu)", owner, ot);
+        tern_rref_release(keep);
+        poll_owned(t, 0, gone2 + 1, "after releasing the Counter returned by a third worker");
+
+        /* One w asks for and returns before it is built. */
+        char blob[96];
+        snprintf(blob, sizeof(blob), "remote %s 50", owner);
+        tern_rpc_args_t rem = S(blob);
+        f = call_ok(to, "return_rrefs", &rem);
+        v = tern_future_value(f);
+        CHECK(v->nrrefs == 1 && tern_rref_owner(v->rrefs[0]) == t, "a fresh Counter from %s", to);
+        tern_future_t *g = rref_call(v->rrefs[0], "add", "1");
+        CHECK(i64_result(g) == 51, "the fresh Counter: %lld", i64_result(g));
+        tern_future_free(g);
+        tern_future_free(f);
+        poll_owned(t, 0, gone2 + 2, "after freeing the fresh Counter's future");
+    }
+
+    /* A reply nobody reads any more: timed out, or its future freed. */
+    int n0 = made_rrefs_on(w);
+    tern_rpc_args_t slow = S("2 0 300");
+    f = (tern_future_t *)1;
+    CHECK(tern_rpc_sync(ctx, to, "make_rrefs", &slow, 50 * MS, &f) == TERN_ERR_TIMEOUT && f == NULL,
+          "make_rrefs that replies after its timeout");
+    tern_rpc_args_t quick = S("2 0");
+    OK(tern_rpc_async(ctx, to, "make_rrefs", &quick, TERN_RPC_TIMEOUT_DEFAULT, &f));
+    tern_future_free(f);
+    uint64_t t0 = tern_clock_ns();
+    while (made_rrefs_on(w) < n0 + 2) {
+        CHECK(secs_since(t0) < 15, "the two make_rrefs on %s never returned", to);
+        nap_ms(10);
+    }
+    poll_owned(w, 0, gone0, "after replies with RRefs nobody read");
+
+    /* A handler that fails after adding RRefs, and remote() of a function
+     * that returns some: the caller sees the error, the owner frees them. */
+    tern_rpc_args_t failing = S("2 0 0 fail");
+    f = (tern_future_t *)1;
+    CHECK(tern_rpc_sync(ctx, to, "make_rrefs", &failing, 0, &f) == TERN_ERR_INVALID_PARAM &&
+              f == NULL && strstr(tern_last_error(), "on purpose") != NULL,
+          "a failing handler's RRefs");
+    tern_rref_t *bad;
+    tern_rpc_args_t one = S("1 0");
+    OK(tern_remote(ctx, to, "make_rrefs", &one, 0, &bad));
+    CHECK(tern_rref_to_here(bad, 0, &f) == TERN_ERR_UNSUPPORTED &&
+              strstr(tern_last_error(), "tensors and a blob only") != NULL,
+          "remote() of a function that returns RRefs");
+    tern_rref_release(bad);
+    poll_owned(w, 0, gone0, "after a failed handler and a failed remote with RRefs");
+}
+
 /* Handlers that block on a call to their own worker while every handler
  * thread of it is taken (the pool has one thread unless TERN_THREADS says
  * otherwise): tern/rpc.h promises such a wait runs the queued work, so
@@ -2146,6 +2378,10 @@ int main(int argc, char **argv)
         test_objects(1);
         if (world >= 3)
             test_rref_third();
+        test_rref_results(0);
+        test_rref_results(1);
+        if (world >= 3)
+            test_rref_results(2);
         after_late_reply(last);
         test_blocking_self();
         printf("rank 0: suite %.2f s\n", secs_since(t0));
