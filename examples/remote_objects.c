@@ -288,10 +288,11 @@ static int wait_released(tern_ctx_t *ctx)
 
 /*
  * DistResNet50.parameter_rrefs(): the parameter RRefs of both shards, which
- * the seed hands to DistributedOptimizer. The seed asks each shard with
- * p_rref.remote().parameter_rrefs().to_here(); p_rref.rpc_sync() is the
- * same in one round trip. Each parameter is read back through its RRef and
- * compared with the weights w1 and w2. 0, or 1 after saying why.
+ * the seed hands to DistributedOptimizer, asked of each shard as the seed
+ * does: p_rref.remote().parameter_rrefs().to_here() (the remote value holds
+ * the RRefs; p_rref.rpc_sync().parameter_rrefs() gets the same in one round
+ * trip). Each parameter is read back through its RRef and compared with the
+ * weights w1 and w2. 0, or 1 after saying why.
  */
 static int check_parameter_rrefs(tern_rref_t *p1_rref, tern_rref_t *p2_rref, const float *w1,
                                  const float *w2)
@@ -303,8 +304,14 @@ static int check_parameter_rrefs(tern_rref_t *p1_rref, tern_rref_t *p2_rref, con
     int rc = 0;
     for (int k = 0; k < 2 && rc == 0; k++) {
         tern_future_t *f;
-        if (tern_rref_rpc_sync(shards[k], "parameter_rrefs", NULL, TERN_RPC_TIMEOUT_DEFAULT, &f) !=
-            TERN_OK) {
+        tern_rref_t *v_rref;
+        tern_status_t st =
+            tern_rref_remote(shards[k], "parameter_rrefs", NULL, TERN_RPC_TIMEOUT_DEFAULT, &v_rref);
+        if (st == TERN_OK) {
+            st = tern_rref_to_here(v_rref, TERN_RPC_TIMEOUT_DEFAULT, &f);
+            tern_rref_release(v_rref); /* the future holds RRefs of its own */
+        }
+        if (st != TERN_OK) {
             fprintf(stderr, "master: parameter_rrefs of shard %d: %s\n", k + 1, tern_last_error());
             return 1;
         }

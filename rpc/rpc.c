@@ -109,6 +109,8 @@ typedef struct owner {
     size_t nbufs;
     void *blob;
     size_t blob_len;
+    tern_rref_t **rrefs; /* [nrrefs] the value's RRefs: handles of this worker */
+    size_t nrrefs;
     fork_ent_t *forks;
     size_t nforks, capf;
     int busy;         /* calls using it now */
@@ -231,6 +233,9 @@ struct rpc {
     unsigned pulling;          /* calls and futures with pulls in flight */
     /* RRefs */
     owner_t *owned;
+    bool owned_iter; /* a loop walks `owned`: freed values' RRefs wait in doomed */
+    tern_rref_t **doomed;
+    size_t ndoomed, capdoomed;
     child_t *children;
     uint64_t next_id;
     /* graceful shutdown: messages sent and received */
@@ -432,6 +437,44 @@ static void owner_free_value(owner_t *o)
     o->nbufs = o->ntensors = o->blob_len = 0;
 }
 
+static void rref_drop_locked(rpc_t *rpc, tern_rref_t *r);
+
+/* Release the RRefs of freed values that waited for a loop over `owned` to
+ * end (lock held). */
+static void doomed_drain(rpc_t *rpc)
+{
+    while (rpc->ndoomed > 0)
+        rref_drop_locked(rpc, rpc->doomed[--rpc->ndoomed]);
+}
+
+/* A freed value's RRefs go (lock held). Releasing one may free another owner
+ * at once (a DELETE to this worker is handled inline), which a loop walking
+ * `owned` must not see under its feet: then they wait in doomed. */
+static void owner_drop_rrefs(rpc_t *rpc, owner_t *o)
+{
+    for (size_t i = 0; i < o->nrrefs; i++) {
+        if (!rpc->owned_iter) {
+            rref_drop_locked(rpc, o->rrefs[i]);
+            continue;
+        }
+        if (rpc->ndoomed == rpc->capdoomed) {
+            size_t cap = rpc->capdoomed ? rpc->capdoomed * 2 : 16;
+            tern_rref_t **d = realloc(rpc->doomed, cap * sizeof(*d));
+            if (d == NULL) {
+                tern_error("rpc: out of memory: RRef %#llx is not released (its owner keeps it)",
+                           (unsigned long long)o->rrefs[i]->id);
+                continue;
+            }
+            rpc->doomed = d;
+            rpc->capdoomed = cap;
+        }
+        rpc->doomed[rpc->ndoomed++] = o->rrefs[i];
+    }
+    free(o->rrefs);
+    o->rrefs = NULL;
+    o->nrrefs = 0;
+}
+
 /* Free o if nothing names it any more (lock held). The destructor runs here:
  * object destructors must not call back into RPC. */
 static void owner_maybe_free(rpc_t *rpc, owner_t *o)
@@ -439,6 +482,7 @@ static void owner_maybe_free(rpc_t *rpc, owner_t *o)
     if (o->nforks != 0 || o->busy != 0 || o->waiters != NULL)
         return;
     HASH_DEL(rpc->owned, o);
+    owner_drop_rrefs(rpc, o);
     if (o->cls != NULL && o->obj != NULL && o->cls->dtor != NULL)
         o->cls->dtor(o->obj);
     owner_free_value(o);
@@ -1133,6 +1177,18 @@ static void call_ready(rpc_t *rpc, call_t *c)
             memcpy(c->res_blob, o->blob, o->blob_len);
             c->res_blob_len = o->blob_len;
         }
+        if (o->nrrefs > 0) {
+            /* the reply gives the caller a fork of each (reply: rrefs_pack) */
+            if ((c->res_rrefs = malloc(o->nrrefs * sizeof(*c->res_rrefs))) == NULL) {
+                c->error = dup_printf("out of memory");
+                reply(rpc, c, TERN_ERR_NO_MEMORY);
+                return;
+            }
+            for (size_t i = 0; i < o->nrrefs; i++) {
+                atomic_fetch_add(&o->rrefs[i]->refs, 1);
+                c->res_rrefs[c->nres_rrefs++] = o->rrefs[i];
+            }
+        }
         reply(rpc, c, TERN_OK);
         return;
     }
@@ -1428,15 +1484,6 @@ static void reply(rpc_t *rpc, call_t *c, tern_status_t st)
 {
     if (c->type == M_REMOTE && c->made != NULL) {
         owner_t *o = c->made;
-        if (st == TERN_OK && o->cls == NULL && c->nres_rrefs > 0) {
-            /* A value lives on its owner and its RRefs would have to be
-             * forks of it; tern keeps values to tensors and a blob. */
-            st = TERN_ERR_UNSUPPORTED;
-            free(c->error);
-            c->error = dup_printf("%s returned %zu RRefs: the value of an RRef holds tensors "
-                                  "and a blob only (return them from rpc_sync/rpc_async)",
-                                  c->name, c->nres_rrefs);
-        }
         if (st == TERN_OK && o->cls != NULL) {
             o->state = O_READY;
         } else if (st == TERN_OK) {
@@ -1456,6 +1503,11 @@ static void reply(rpc_t *rpc, call_t *c, tern_status_t st)
                 o->blob = c->res_blob;
                 o->blob_len = c->res_blob_len;
                 c->res_blob = NULL;
+                /* RRefs in the value: the call's handles become the value's */
+                o->rrefs = c->res_rrefs;
+                o->nrrefs = c->nres_rrefs;
+                c->res_rrefs = NULL;
+                c->nres_rrefs = 0;
                 o->state = O_READY;
             }
         }
@@ -2339,6 +2391,7 @@ static void rpc_peer_lost(tern__comm_t *comm, int peer)
                                        peer));
     }
     owner_t *o, *otmp;
+    rpc->owned_iter = true;
     HASH_ITER(hh, rpc->owned, o, otmp)
     {
         for (size_t i = 0; i < o->nforks;)
@@ -2348,6 +2401,8 @@ static void rpc_peer_lost(tern__comm_t *comm, int peer)
                 i++;
         owner_maybe_free(rpc, o);
     }
+    rpc->owned_iter = false;
+    doomed_drain(rpc);
     for (child_t **pp = &rpc->children; *pp != NULL;) {
         child_t *c = *pp;
         if (c->to == peer) {
@@ -2816,6 +2871,7 @@ static void rpc_free(rpc_t *rpc)
         return;
     free(rpc->names);
     free(rpc->window_used);
+    free(rpc->doomed);
     free(rpc);
 }
 
@@ -2858,6 +2914,7 @@ static void teardown_locked(rpc_t *rpc, tern_status_t why)
         child_accepted(rpc, c);
     }
     owner_t *o, *otmp;
+    rpc->owned_iter = true;
     HASH_ITER(hh, rpc->owned, o, otmp)
     {
         o->nforks = 0;
@@ -2870,6 +2927,8 @@ static void teardown_locked(rpc_t *rpc, tern_status_t why)
         }
         owner_maybe_free(rpc, o);
     }
+    rpc->owned_iter = false;
+    doomed_drain(rpc);
 }
 
 static void rpc_fini(tern__comm_t *comm)

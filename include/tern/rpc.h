@@ -245,8 +245,9 @@ TERN_API tern_status_t tern_rpc_call_return_blob(tern_rpc_call_t *call, const vo
  * own (tern_future_value()->rrefs), by the fork protocol of docs/rpc.md. rref
  * may be owned here (tern_rref_local, an argument's, one from tern_remote) or
  * anywhere else; the call keeps its own handle until the reply is out, so the
- * handler may release its own at once. Not for tern_remote's functions (an
- * RRef's value holds no RRefs: that call fails with TERN_ERR_UNSUPPORTED).
+ * handler may release its own at once. In a function run by tern_remote the
+ * RRefs become part of the new RRef's value, held by its owner until the
+ * value is freed; tern_rref_to_here hands each caller RRefs of its own.
  * Errors: TERN_ERR_INVALID_PARAM (NULL, or another worker's RRef),
  * TERN_ERR_OUT_OF_RANGE (over 64 RRefs), TERN_ERR_NO_MEMORY. */
 TERN_API tern_status_t tern_rpc_call_return_rref(tern_rpc_call_t *call, tern_rref_t *rref);
@@ -287,8 +288,8 @@ TERN_API tern_status_t tern_rref_local(tern_ctx_t *ctx, const tern_rpc_args_t *v
                                        tern_rref_t **rref);
 
 /*
- * Fetch the value an RRef holds (its tensors and blob) into *value, a completed
- * future to free. An RRef to an object has a value only if its class has a
+ * Fetch the value an RRef holds (its tensors, blob and RRefs) into *value, a
+ * completed future to free. An RRef to an object has a value only if its class has a
  * "to_here" method (TERN_ERR_UNSUPPORTED otherwise), which then runs.
  */
 TERN_API tern_status_t tern_rref_to_here(tern_rref_t *rref, int64_t timeout_ns,

@@ -1901,14 +1901,38 @@ static void test_rref_results(int w)
     CHECK(tern_rpc_sync(ctx, to, "make_rrefs", &failing, 0, &f) == TERN_ERR_INVALID_PARAM &&
               f == NULL && strstr(tern_last_error(), "on purpose") != NULL,
           "a failing handler's RRefs");
-    tern_rref_t *bad;
-    tern_rpc_args_t one = S("1 0");
-    OK(tern_remote(ctx, to, "make_rrefs", &one, 0, &bad));
-    CHECK(tern_rref_to_here(bad, 0, &f) == TERN_ERR_UNSUPPORTED &&
-              strstr(tern_last_error(), "tensors and a blob only") != NULL,
-          "remote() of a function that returns RRefs");
-    tern_rref_release(bad);
-    poll_owned(w, 0, gone0, "after a failed handler and a failed remote with RRefs");
+    poll_owned(w, 0, gone0, "after a failed handler with RRefs");
+
+    /* remote() of a function that returns RRefs: the value holds them, each
+     * to_here hands out RRefs of the caller's own (the seed's
+     * p_rref.remote().parameter_rrefs().to_here()). */
+    tern_rref_t *vr;
+    tern_rpc_args_t two = S("2 60");
+    OK(tern_remote(ctx, to, "make_rrefs", &two, 0, &vr));
+    for (int pass = 0; pass < 2; pass++) {
+        OK(tern_rref_to_here(vr, TERN_RPC_TIMEOUT_DEFAULT, &f));
+        v = tern_future_value(f);
+        CHECK(v->nrrefs == 2 && v->ntensors == 0, "to_here of a value of RRefs: %zu", v->nrrefs);
+        for (size_t i = 0; i < 2; i++) {
+            CHECK(tern_rref_owner(v->rrefs[i]) == w, "the value's RRef %zu lives on %s", i, to);
+            OK(tern_rref_to_here(v->rrefs[i], TERN_RPC_TIMEOUT_DEFAULT, &h));
+            CHECK(i64_result(h) == 60 + (long long)i, "the value's RRef %zu holds %lld", i,
+                  i64_result(h));
+            tern_future_free(h);
+        }
+        if (pass == 0)
+            OK(tern_rref_dup(v->rrefs[0], &keep));
+        tern_future_free(f);
+    }
+    owned_on(w, &o, &made0, &gone0);
+    CHECK(o == 3, "%s owns the value and its 2 RRefs' values (%zu)", to, o);
+    tern_rref_release(vr); /* the value goes, and with it its hold on both */
+    poll_owned(w, 1, gone0, "after releasing the value of RRefs, one kept");
+    OK(tern_rref_to_here(keep, TERN_RPC_TIMEOUT_DEFAULT, &h));
+    CHECK(i64_result(h) == 60, "the kept RRef from the value holds %lld", i64_result(h));
+    tern_future_free(h);
+    tern_rref_release(keep);
+    poll_owned(w, 0, gone0, "after releasing the RRef kept from the value");
 }
 
 /* Handlers that block on a call to their own worker while every handler
