@@ -524,6 +524,18 @@ static void *server_main(void *arg)
     return NULL;
 }
 
+/* Stop the serving thread (s->lock held; released here): it sees stop on its
+ * next wake-up, which the eventfd makes now. */
+static void thread_stop_locked(tern_store_server_t *s)
+{
+    s->stop = true;
+    pthread_mutex_unlock(&s->lock);
+    uint64_t one = 1;
+    if (write(s->wakefd, &one, sizeof(one)) < 0)
+        tern_warn("store server: wake write: %m");
+    pthread_join(s->thread, NULL);
+}
+
 tern_status_t tern__store_server_adopt(tern_store_server_t *s, int *fd_out)
 {
     if (s == NULL || fd_out == NULL)
@@ -534,12 +546,7 @@ tern_status_t tern__store_server_adopt(tern_store_server_t *s, int *fd_out)
     }
     if (s->thread_started) {
         pthread_mutex_lock(&s->lock);
-        s->stop = true;
-        pthread_mutex_unlock(&s->lock);
-        uint64_t one = 1;
-        if (write(s->wakefd, &one, sizeof(one)) < 0)
-            tern_warn("store server: wake write: %m");
-        pthread_join(s->thread, NULL);
+        thread_stop_locked(s);
         s->thread_started = false;
         s->stop = false;
     }
@@ -646,12 +653,7 @@ tern_status_t tern_store_server_stop(tern_store_server_t *s, int64_t timeout_ns)
             struct timespec ts = tern__clock_realtime_after(wait);
             pthread_cond_timedwait(&s->cond, &s->lock, &ts);
         }
-        s->stop = true;
-        pthread_mutex_unlock(&s->lock);
-        uint64_t one = 1;
-        if (write(s->wakefd, &one, sizeof(one)) < 0)
-            tern_warn("store server: wake write: %m");
-        pthread_join(s->thread, NULL);
+        thread_stop_locked(s);
     } else if (s->adopted) {
         /* Nobody else serves now: serve here until the others have left. */
         pthread_mutex_lock(&s->serve_lock);
