@@ -1291,6 +1291,30 @@ static tern_status_t take_rref(rpc_t *rpc, const uint8_t *p, tern_rref_t **out)
     return TERN_OK;
 }
 
+/* Take n RRefs of a message starting at p (lock held; the caller checked that
+ * they fit) into *out, NULL for none. On an error those taken are released. */
+static tern_status_t take_rrefs(rpc_t *rpc, const uint8_t *p, uint32_t n, tern_rref_t ***out)
+{
+    *out = NULL;
+    if (n == 0)
+        return TERN_OK;
+    tern_rref_t **rs = calloc(n, sizeof(*rs));
+    if (rs == NULL)
+        return tern__error(TERN_ERR_NO_MEMORY, "rpc: out of memory");
+    for (uint32_t i = 0; i < n; i++, p += RREF_WIRE) {
+        tern_status_t st = take_rref(rpc, p, &rs[i]);
+        if (st != TERN_OK) {
+            tern__error(st, "RRef %u: %s", i, tern_last_error());
+            while (i-- > 0)
+                rref_drop_locked(rpc, rs[i]);
+            free(rs);
+            return st;
+        }
+    }
+    *out = rs;
+    return TERN_OK;
+}
+
 /* Fail a request that cannot run: reply with the error if it wants one. */
 static void refuse(rpc_t *rpc, int src, const hdr_t *h, tern_status_t st, const char *why)
 {
@@ -1377,21 +1401,19 @@ static void handle_request(rpc_t *rpc, int src, uint32_t imm, const hdr_t *h,
         goto fail;
 
     /* The arguments. */
-    if ((h->nrrefs && (c->rrefs = calloc(h->nrrefs, sizeof(*c->rrefs))) == NULL) ||
-        (h->ntensors && ((c->args = calloc(h->ntensors, sizeof(*c->args))) == NULL ||
-                         (c->bufs = calloc(h->ntensors, sizeof(*c->bufs))) == NULL ||
-                         (c->mrs = calloc(h->ntensors, sizeof(*c->mrs))) == NULL))) {
+    if (h->ntensors && ((c->args = calloc(h->ntensors, sizeof(*c->args))) == NULL ||
+                        (c->bufs = calloc(h->ntensors, sizeof(*c->bufs))) == NULL ||
+                        (c->mrs = calloc(h->ntensors, sizeof(*c->mrs))) == NULL)) {
         st = TERN_ERR_NO_MEMORY;
         snprintf(why, sizeof(why), "out of memory");
         goto fail;
     }
-    for (uint32_t i = 0; i < h->nrrefs; i++, p += RREF_WIRE) {
-        if ((st = take_rref(rpc, p, &c->rrefs[c->nrrefs])) != TERN_OK) {
-            snprintf(why, sizeof(why), "RRef argument %u: %s", i, tern_last_error());
-            goto fail;
-        }
-        c->nrrefs++;
+    if ((st = take_rrefs(rpc, p, h->nrrefs, &c->rrefs)) != TERN_OK) {
+        snprintf(why, sizeof(why), "arguments: %s", tern_last_error());
+        goto fail;
     }
+    c->nrrefs = h->nrrefs;
+    p += (size_t)h->nrrefs * RREF_WIRE;
     c->value.rrefs = c->rrefs;
     c->value.nrrefs = c->nrrefs;
     /* Inline payloads and the blob stay in a copy of the message. */
@@ -1739,25 +1761,9 @@ static tern_status_t take_reply_rrefs(rpc_t *rpc, const hdr_t *h, const uint8_t 
                                       tern_rref_t ***out)
 {
     *out = NULL;
-    if (h->nrrefs == 0)
-        return TERN_OK;
     if (h->nrrefs > MAX_RREFS || len - HDR < pad8(h->text_len) + (size_t)h->nrrefs * RREF_WIRE)
         return tern__error(TERN_ERR_PROTOCOL, "%u RRefs do not fit", h->nrrefs);
-    tern_rref_t **rs = calloc(h->nrrefs, sizeof(*rs));
-    if (rs == NULL)
-        return tern__error(TERN_ERR_NO_MEMORY, "rpc: out of memory");
-    const uint8_t *p = data + HDR + pad8(h->text_len);
-    for (uint32_t i = 0; i < h->nrrefs; i++, p += RREF_WIRE) {
-        tern_status_t st = take_rref(rpc, p, &rs[i]);
-        if (st != TERN_OK) {
-            while (i-- > 0)
-                rref_drop_locked(rpc, rs[i]);
-            free(rs);
-            return st;
-        }
-    }
-    *out = rs;
-    return TERN_OK;
+    return take_rrefs(rpc, data + HDR + pad8(h->text_len), h->nrrefs, out);
 }
 
 static void handle_reply(rpc_t *rpc, int src, const hdr_t *h, const uint8_t *data, size_t len)
@@ -2913,8 +2919,9 @@ static void teardown_locked(rpc_t *rpc, tern_status_t why)
         rpc->children = c->next;
         child_accepted(rpc, c);
     }
+    /* Closed: a release sends no DELETE, so no owner is freed under the loop
+     * (owner_drop_rrefs needs no deferral here). */
     owner_t *o, *otmp;
-    rpc->owned_iter = true;
     HASH_ITER(hh, rpc->owned, o, otmp)
     {
         o->nforks = 0;
@@ -2927,8 +2934,6 @@ static void teardown_locked(rpc_t *rpc, tern_status_t why)
         }
         owner_maybe_free(rpc, o);
     }
-    rpc->owned_iter = false;
-    doomed_drain(rpc);
 }
 
 static void rpc_fini(tern__comm_t *comm)

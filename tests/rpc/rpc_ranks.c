@@ -1486,13 +1486,33 @@ static void test_nested(void)
 /* ---- remote objects and RRefs ---- */
 
 /* Worker r's "<owned> <constructed> <destroyed>". */
-static void owned_on(int r, size_t *owned, int *made, int *gone)
+/* Worker r's "owned" answer; made_rrefs may be NULL. */
+static void owned_stats(int r, size_t *owned, int *made, int *gone, int *made_rrefs)
 {
     tern_future_t *f = call_ok(names[r], "owned", NULL);
     char b[96];
+    int n;
     blob_str(tern_future_value(f), b, sizeof(b));
-    CHECK(sscanf(b, "%zu %d %d", owned, made, gone) == 3, "owned: '%s'", b);
+    CHECK(sscanf(b, "%zu %d %d %d", owned, made, gone, &n) == 4, "owned: '%s'", b);
+    if (made_rrefs != NULL)
+        *made_rrefs = n;
     tern_future_free(f);
+}
+
+static void owned_on(int r, size_t *owned, int *made, int *gone)
+{
+    owned_stats(r, owned, made, gone, NULL);
+}
+
+/* Wait until this worker owns want objects. */
+static void poll_owned_here(size_t want, const char *what)
+{
+    uint64_t t0 = tern_clock_ns();
+    while (tern_rpc_owned_count(ctx) != want) {
+        CHECK(secs_since(t0) < 15, "%s: %zu owned here, want %zu", what, tern_rpc_owned_count(ctx),
+              want);
+        nap_ms(2);
+    }
 }
 
 /* Poll worker r until it owns want objects and has destroyed gone of them. */
@@ -1678,12 +1698,7 @@ static void test_objects(int w)
         blob_is(f, "local");
         tern_future_free(f);
         tern_rref_release(lr);
-        uint64_t t0 = tern_clock_ns();
-        while (tern_rpc_owned_count(ctx) != mine0) {
-            CHECK(secs_since(t0) < 15, "the local RRef is freed: %zu owned",
-                  tern_rpc_owned_count(ctx));
-            nap_ms(2);
-        }
+        poll_owned_here(mine0, "the local RRef is freed");
         free(lv);
     }
 
@@ -1752,25 +1767,10 @@ static void test_rref_third(void)
 /* The number of make_rrefs handlers that have returned on worker r. */
 static int made_rrefs_on(int r)
 {
-    tern_future_t *f = call_ok(names[r], "owned", NULL);
-    char b[96];
     size_t o;
     int made, gone, n;
-    blob_str(tern_future_value(f), b, sizeof(b));
-    CHECK(sscanf(b, "%zu %d %d %d", &o, &made, &gone, &n) == 4, "owned: '%s'", b);
-    tern_future_free(f);
+    owned_stats(r, &o, &made, &gone, &n);
     return n;
-}
-
-/* Wait until this worker owns want objects. */
-static void poll_owned_here(size_t want, const char *what)
-{
-    uint64_t t0 = tern_clock_ns();
-    while (tern_rpc_owned_count(ctx) != want) {
-        CHECK(secs_since(t0) < 15, "%s: %zu owned here, want %zu", what, tern_rpc_owned_count(ctx),
-              want);
-        nap_ms(2);
-    }
 }
 
 /* RRefs in results (as the pipeline seed's parameter_rrefs returns them):
