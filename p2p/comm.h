@@ -84,7 +84,6 @@ struct tern__comm {
     tern_transport_t *tp;
     tern_transport_attr_t attr;
     pthread_mutex_t lock;
-    pthread_cond_t done_cv;   /* broadcast (under lock) whenever a request completes */
     pthread_cond_t idle_cv;   /* the progress thread sleeps on it while a waiter spins */
     pthread_mutex_t idle_lock; /* idle_cv's */
     pthread_t thread;
@@ -167,7 +166,16 @@ static inline void tern__comm_lock(tern__comm_t *comm)
  * store on a connection of its own, which no user call holds; the address is
  * there already (published before the init barrier), so it does not wait for
  * it. A failed lookup (the store lost) is an error returned at once. */
-tern_status_t tern__comm_ep(tern__comm_t *comm, int r, tern_ep_t **ep);
+tern_status_t tern__comm_ep_open(tern__comm_t *comm, int r, tern_ep_t **ep);
+static inline tern_status_t tern__comm_ep(tern__comm_t *comm, int r, tern_ep_t **ep)
+{
+    /* On every message's path: the common case without a call. */
+    if ((unsigned)r < comm->world && comm->eps[r] != NULL && comm->peer_failed[r] == TERN_OK) {
+        *ep = comm->eps[r];
+        return TERN_OK;
+    }
+    return tern__comm_ep_open(comm, r, ep);
+}
 
 /* Route events of an immediate class to fn. */
 void tern__comm_set_handler(tern__comm_t *comm, tern_imm_class_t cls, tern__class_fn fn, void *arg);

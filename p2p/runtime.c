@@ -89,7 +89,7 @@ static void addr_key(char *key, size_t size, int r)
     snprintf(key, size, "tern/transport/%d", r);
 }
 
-tern_status_t tern__comm_ep(tern__comm_t *comm, int r, tern_ep_t **ep)
+tern_status_t tern__comm_ep_open(tern__comm_t *comm, int r, tern_ep_t **ep)
 {
     char key[64], detail[TERN__ERROR_MAX];
     void *addr = NULL;
@@ -135,7 +135,6 @@ void tern__req_complete(tern_request_t *req, tern_status_t status)
         tern__prof_op_end(&req->prof, tern__req_bytes(req), NULL, 0);
     }
     atomic_store_explicit(&req->done, 1, memory_order_release);
-    pthread_cond_broadcast(&req->comm->done_cv);
     if (atomic_load_explicit(&req->comm->coll_active, memory_order_relaxed) != 0)
         atomic_store_explicit(&req->comm->coll_kick, true, memory_order_relaxed);
 }
@@ -243,7 +242,6 @@ static void comm_free(tern__comm_t *comm)
     tern__p2p_free_caches(comm);
     pthread_cond_destroy(&comm->idle_cv);
     pthread_mutex_destroy(&comm->idle_lock);
-    pthread_cond_destroy(&comm->done_cv);
     pthread_mutex_destroy(&comm->lock);
     free(comm->eps);
     free(comm->peer_failed);
@@ -273,7 +271,6 @@ static tern_status_t comm_open(tern_ctx_t *ctx)
     if (sched_getaffinity(0, sizeof(cpus), &cpus) == 0)
         comm->yield_idle = tern_ctx_local_world_size(ctx) > (unsigned)CPU_COUNT(&cpus);
     pthread_mutex_init(&comm->lock, NULL);
-    pthread_cond_init(&comm->done_cv, NULL);
     pthread_cond_init(&comm->idle_cv, NULL);
     pthread_mutex_init(&comm->idle_lock, NULL);
     comm->eps = calloc(comm->world, sizeof(*comm->eps));

@@ -788,7 +788,6 @@ static void future_complete(rpc_t *rpc, tern_future_t *f, tern_status_t st, char
         f->prof_events = NULL;
     }
     atomic_store_explicit(&f->done, 1, memory_order_release);
-    pthread_cond_broadcast(&rpc->comm->done_cv);
     if (f->ncbs > 0) {
         /* The table's reference passes to the callbacks' run. */
         rpc->tasks++;

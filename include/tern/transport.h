@@ -106,6 +106,8 @@ typedef struct tern_transport_attr {
     char provider[16];    /* "tcp", "ucx", "verbs" */
     char device[128];     /* what it runs on, for reports: "lo 127.0.0.1", "tcp,sm (UCX 1.13)" */
     size_t max_send;      /* largest tern_ep_send payload */
+    size_t max_inline;    /* host sends up to this many bytes copy the payload as they are
+                             posted (verbs: inline sends): the buffer is free at once */
     size_t max_put;       /* largest single put or get */
     size_t addr_len;      /* bytes of this transport's address */
     int busy_poll;
@@ -231,7 +233,9 @@ typedef struct tern_op_params {
 /*
  * Send buf[0..len) (len <= attr.max_send) with a 32-bit immediate; the peer gets
  * TERN_EVENT_RECV. Sends on one endpoint arrive in order. The buffer must stay
- * untouched until completion (see the completion rule above).
+ * untouched until completion (see the completion rule above), except that a
+ * host buffer of up to attr.max_inline bytes is copied before this returns and
+ * may be reused at once, even when the send completes later.
  */
 TERN_API tern_status_t tern_ep_send(tern_ep_t *ep, uint32_t imm, const void *buf, size_t len,
                                     const tern_op_params_t *params);

@@ -275,6 +275,38 @@ static void test_send_ordering_many_outstanding(void **state)
     }
 }
 
+/* A send of up to attr.max_inline bytes is copied as it is posted: one buffer,
+ * rewritten for the next message right after each post, with nothing
+ * progressed in between, so that many sends are still queued when their
+ * buffer changes. */
+static void test_send_inline(void **state)
+{
+    pair_t *p = *state;
+    enum { N = 3000 };
+    const size_t len = p->a.attr.max_inline;
+    assert_true(len >= 64 && len <= p->a.attr.max_send);
+    uint8_t *buf = malloc(len);
+    counter_t c = {0};
+    tern_op_params_t op = cb_params(&c);
+    unsigned in_flight = 0;
+    for (unsigned i = 0; i < N; i++) {
+        fill(buf, len, (uint8_t)(i % 251));
+        in_flight += posted(tern_ep_send(p->a.ep, tern_imm_make(TERN_IMM_P2P_EAGER, 0, 0, i % 251),
+                                         buf, len, &op),
+                            &c);
+        memset(buf, 0xee, len);
+    }
+    PUMP_UNTIL(p, c.done == N && p->b.nrecv == N, "3000 inline sends");
+    assert_int_equal(c.failed, 0);
+    for (unsigned i = 0; i < N && i < MAX_EVENTS; i++) {
+        assert_int_equal(p->b.recv_len[i], len);
+        if (tern_imm_slot(p->b.recv_imm[i]) != i % 251 || !p->b.recv_ok[i])
+            fail_msg("inline send %u arrived changed (%u of %u were still queued when posted)", i,
+                     in_flight, N);
+    }
+    free(buf);
+}
+
 /* Both directions at once, so neither side's progress starves the other. */
 static void test_send_both_directions(void **state)
 {
@@ -794,6 +826,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_send_sizes_and_immediates, setup, teardown),
         cmocka_unit_test_setup_teardown(test_send_ordering_many_outstanding, setup, teardown),
         cmocka_unit_test_setup_teardown(test_send_both_directions, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_send_inline, setup, teardown),
         cmocka_unit_test_setup_teardown(test_ordering_while_connecting, setup, teardown),
         cmocka_unit_test_setup_teardown(test_endpoint_made_later, setup_one_way, teardown),
         cmocka_unit_test_setup_teardown(test_put_get_every_size, setup, teardown),

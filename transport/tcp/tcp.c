@@ -56,6 +56,8 @@
 #define HDR_SIZE 56
 #define RXBUF_SIZE (64u << 10)
 #define MAX_SEND (1u << 20)          /* eager limit of tern_ep_send */
+#define TCP_INLINE 256u              /* attr.max_inline: a queued SEND this small is copied */
+#define HELLO_LEN 12u                /* F_HELLO's payload */
 #define MAX_PUT ((size_t)1 << 40)    /* a single put or get */
 #define ADDR_MAGIC 0x54544350u       /* "TTCP" */
 #define ADDR_VERSION 1
@@ -127,8 +129,8 @@ typedef struct txreq {
     void *get_buf;       /* F_GET: where the data goes */
     uint64_t get_size;
     struct tcp_mr *pin;  /* F_GET_DATA: the region being read, kept alive */
-    uint8_t small[16];   /* a small payload owned by the request (HELLO) */
     bool zcopy;          /* the payload goes by splice_payload() */
+    uint8_t small[];     /* a small payload owned by the request: HELLO, an inline SEND */
 } txreq_t;
 
 typedef enum conn_state { C_CONNECTING, C_OPEN, C_DEAD } conn_state_t;
@@ -165,7 +167,7 @@ typedef struct conn {
     uint8_t *big;          /* F_SEND payloads that do not fit rxbuf */
     size_t big_cap;
     bool drained;          /* the last read left the socket empty: wait for epoll */
-    uint8_t hello[12];     /* an incoming HELLO's payload: self_id u32, instance u64 */
+    uint8_t hello[HELLO_LEN];     /* an incoming HELLO's payload: self_id u32, instance u64 */
     bool refused;          /* current PUT failed its checks */
     tern_status_t refusal;
     struct tcp_mr *cur_mr; /* current PUT's region, pinned */
@@ -455,9 +457,12 @@ static bool use_zcopy(const tcp_tp_t *t, uint8_t type, size_t len)
     return (type == F_PUT || type == F_GET_DATA) && t->zcopy_min > 0 && len >= t->zcopy_min;
 }
 
+/* A SEND of up to TCP_INLINE bytes is copied into its request (attr.max_inline);
+ * room is made for HELLO's own payload too. */
 static txreq_t *txreq_new(const frame_t *f, const void *payload, size_t len)
 {
-    txreq_t *r = calloc(1, sizeof(*r));
+    const bool copy = f->type == F_SEND && len <= TCP_INLINE;
+    txreq_t *r = calloc(1, sizeof(*r) + (copy ? len : f->type == F_HELLO ? HELLO_LEN : 0));
     if (r == NULL)
         return NULL;
     frame_encode(f, r->hdr);
@@ -465,6 +470,10 @@ static txreq_t *txreq_new(const frame_t *f, const void *payload, size_t len)
     r->op_id = f->op_id;
     r->iov[0] = (struct iovec){r->hdr, HDR_SIZE};
     r->iovcnt = 1;
+    if (copy && len > 0) {
+        memcpy(r->small, payload, len);
+        payload = r->small;
+    }
     if (len > 0)
         r->iov[r->iovcnt++] = (struct iovec){(void *)payload, len};
     return r;
@@ -808,7 +817,7 @@ static bool header_arrived(conn_t *c)
         goto bad;
     switch (f->type) {
     case F_HELLO:
-        if (!c->incoming || c->hello_seen || f->payload != 12)
+        if (!c->incoming || c->hello_seen || f->payload != HELLO_LEN)
             goto bad;
         c->dst = c->hello;
         break;
@@ -1343,6 +1352,7 @@ static tern_status_t tcp_open(const tern__tp_config_t *cfg, tern_transport_t **t
     snprintf(t->base.attr.device, sizeof(t->base.attr.device), "%s:%u", host,
              ntohs(((struct sockaddr_in *)&ss)->sin_port));
     t->base.attr.max_send = MAX_SEND;
+    t->base.attr.max_inline = TCP_INLINE;
     t->base.attr.max_put = MAX_PUT;
     t->base.attr.addr_len = t->addr_len;
     *tp_out = &t->base;
@@ -1378,7 +1388,7 @@ static tern_status_t dial(tcp_tp_t *t, uint32_t peer, const struct sockaddr_stor
         close(fd);
         return tern__error_errno(TERN_ERR_UNREACHABLE, err, "tcp: connect to peer %u", peer);
     }
-    frame_t f = {.type = F_HELLO, .payload = 12};
+    frame_t f = {.type = F_HELLO, .payload = HELLO_LEN};
     txreq_t *r = txreq_new(&f, NULL, 0);
     conn_t *c = r != NULL ? conn_new(t, fd, false) : NULL;
     if (c == NULL) {
@@ -1389,7 +1399,7 @@ static tern_status_t dial(tcp_tp_t *t, uint32_t peer, const struct sockaddr_stor
     c->peer = peer;
     tern__put_le32(r->small, t->base.self_id);
     tern__put_le64(r->small + 4, t->instance);
-    r->iov[1] = (struct iovec){r->small, 12};
+    r->iov[1] = (struct iovec){r->small, HELLO_LEN};
     r->iovcnt = 2;
     enqueue(c, r);
     *out = c;

@@ -586,21 +586,27 @@ static tern_status_t op_status(const ucx_op_t *op)
     return status_of(op->ustatus);
 }
 
-/* Fill the AM header of op: a message of type from this transport on op's
- * endpoint. The sequence number is taken by am_post once UCX accepts it. */
-static void msg_hdr_fill(ucx_op_t *op, uint8_t type, uint16_t flags, uint32_t imm, uint64_t len)
+/* Write the AM header of a message of type on ep; its sequence number is
+ * ep's next one (am_post rewrites it as UCX accepts the message). */
+static void hdr_write(uint8_t *h, const ucx_ep_t *ep, uint8_t type, uint16_t flags, uint32_t imm,
+                      uint64_t len)
 {
-    uint8_t *h = op->hdr;
-
-    memset(h, 0, MSG_HDR_LEN);
     h[0] = WIRE_VERSION;
     h[1] = type;
     tern__put_le16(h + 2, flags);
-    tern__put_le32(h + 4, op->tp->base.self_id);
-    tern__put_le32(h + 8, op->ep->conn);
-    tern__put_le32(h + 12, op->ep->tx_seq);
+    tern__put_le32(h + 4, ep->tp->base.self_id);
+    tern__put_le32(h + 8, ep->conn);
+    tern__put_le32(h + 12, ep->tx_seq);
     tern__put_le32(h + 16, imm);
+    tern__put_le32(h + 20, 0);
     tern__put_le64(h + 24, len);
+}
+
+/* Fill the AM header of op: a message of type from this transport on op's
+ * endpoint. */
+static void msg_hdr_fill(ucx_op_t *op, uint8_t type, uint16_t flags, uint32_t imm, uint64_t len)
+{
+    hdr_write(op->hdr, op->ep, type, flags, imm, len);
 }
 
 /* Post op's AM (header already filled, payload buf[0..len)). A message UCX
@@ -2039,6 +2045,33 @@ static void ucx_ep_destroy(tern_ep_t *bep)
 
 /* ---- sends ---- */
 
+/*
+ * A small send that UCX can finish inside the call (a short AM into the
+ * peer's FIFO, the common case) needs no op: the header and payload are built
+ * on the stack and posted with UCP_OP_ATTR_FLAG_FORCE_IMM_CMPL, which makes
+ * UCX refuse rather than queue. On shared memory the op's allocation,
+ * tracking and release were a tenth of a small message's cost. Returns false
+ * when UCX would have to queue it (or failed): the caller posts an op, which
+ * reports any error.
+ */
+static bool send_now(ucx_ep_t *ep, uint32_t imm, const void *buf, size_t len)
+{
+    uint8_t h[MSG_HDR_LEN + MSG_INLINE];
+    ucp_request_param_t p = {
+        .op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_MEMORY_TYPE,
+        .flags = UCP_OP_ATTR_FLAG_FORCE_IMM_CMPL,
+        .memory_type = UCS_MEMORY_TYPE_HOST,
+    };
+
+    hdr_write(h, ep, MSG_SEND, 0, imm, len);
+    if (len > 0)
+        memcpy(h + MSG_HDR_LEN, buf, len);
+    if (ucp_am_send_nbx(ep->uep, AM_ID, NULL, 0, h, MSG_HDR_LEN + len, &p) != NULL)
+        return false;
+    ep->tx_seq++;
+    return true;
+}
+
 static tern_status_t ucx_send(tern_ep_t *bep, uint32_t imm, const void *buf, size_t len,
                               const tern_op_params_t *params)
 {
@@ -2049,6 +2082,9 @@ static tern_status_t ucx_send(tern_ep_t *bep, uint32_t imm, const void *buf, siz
 
     if ((st = ep_check(ep, "tern_ep_send")) != TERN_OK)
         return st;
+    if (len <= MSG_INLINE && mem_type_of(params) == UCS_MEMORY_TYPE_HOST &&
+        send_now(ep, imm, buf, len))
+        return TERN_OK;
     if ((op = op_new(ep->tp, ep, OP_SEND, params)) == NULL)
         return tern__error(TERN_ERR_NO_MEMORY, "tern_ep_send: no memory for the operation");
     op->pending = 1;
@@ -2642,6 +2678,7 @@ static tern_status_t ucx_open(const tern__tp_config_t *cfg, tern_transport_t **t
 
     describe_device(tp, config);
     tp->base.attr.max_send = MAX_SEND;
+    tp->base.attr.max_inline = MSG_INLINE; /* copied into the op (am_post) or sent at once */
     tp->base.attr.max_put = MAX_PUT;
     tp->base.attr.addr_len = tp->addr_len;
     tern_debug("ucx: open on %s, address %zu bytes", tp->base.attr.device, tp->addr_len);
