@@ -199,6 +199,10 @@ tern_status_t tern__req_release(tern__comm_t *comm, tern_request_t *req, tern_ms
  * it does not deadlock the pool.
  */
 bool tern__comm_wait(tern__comm_t *comm, atomic_int *done, int64_t timeout_ns);
+/* tern_request_wait entered with comm->lock held (just posted); returns with
+ * it released. */
+tern_status_t tern__request_wait_locked(tern_request_t *req, int64_t timeout_ns,
+                                        tern_msg_info_t *info);
 
 /* Run the collectives' progress hook if a completion asked for it (lock NOT
  * held); check_time also lets them look at their deadlines. */

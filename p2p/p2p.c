@@ -624,13 +624,13 @@ static void unlink_unexp(tern__comm_t *comm, unexp_t *u, unexp_t *prev)
         comm->unexp_tail = prev;
 }
 
-/* Post a receive (lock held): it takes the first matching unexpected message,
- * or waits in the posted list. */
-static tern_status_t irecv_locked(tern__comm_t *comm, uint32_t cid, void *buf, size_t cap, int src,
-                                  int tag, tern_request_t **req_out)
+/* Post a receive (lock held) given the first matching unexpected message u
+ * (NULL if none; prev before it, as find_unexp gives them): it takes u, or
+ * waits in the posted list. */
+static tern_status_t irecv_post(tern__comm_t *comm, uint32_t cid, void *buf, size_t cap, int src,
+                                int tag, unexp_t *u, unexp_t *prev, tern_request_t **req_out)
 {
     tern_request_t *req;
-    unexp_t *u, *prev;
 
     if (src != TERN_ANY_SOURCE && comm->peer_failed[src] != TERN_OK)
         return tern__error(comm->peer_failed[src], "irecv: rank %d was lost", src);
@@ -638,7 +638,7 @@ static tern_status_t irecv_locked(tern__comm_t *comm, uint32_t cid, void *buf, s
         return tern__error(TERN_ERR_NO_MEMORY, "irecv: no memory");
     *req = (tern_request_t){.comm = comm, .kind = REQ_RECV, .cid = cid, .peer = src, .tag = tag,
                             .buf = buf, .len = cap};
-    if ((u = find_unexp(comm, cid, src, tag, &prev)) != NULL)
+    if (u != NULL)
         unlink_unexp(comm, u, prev);
     if (u == NULL) {
         if (comm->posted_tail)
@@ -658,6 +658,13 @@ static tern_status_t irecv_locked(tern__comm_t *comm, uint32_t cid, void *buf, s
     }
     *req_out = req;
     return TERN_OK;
+}
+
+static tern_status_t irecv_locked(tern__comm_t *comm, uint32_t cid, void *buf, size_t cap, int src,
+                                  int tag, tern_request_t **req_out)
+{
+    unexp_t *prev, *u = find_unexp(comm, cid, src, tag, &prev);
+    return irecv_post(comm, cid, buf, cap, src, tag, u, prev, req_out);
 }
 
 tern_status_t tern__p2p_irecv(tern__comm_t *comm, uint32_t cid, void *buf, size_t cap, int src,
@@ -928,15 +935,15 @@ tern_status_t tern__p2p_recv(tern__comm_t *comm, uint32_t cid, void *buf, size_t
         free(u);
         return st;
     }
-    st = irecv_locked(comm, cid, buf, cap, src, tag, &req);
-    if (st == TERN_OK) {
-        if (atomic_load_explicit(&req->done, memory_order_relaxed))
-            *seq = req->seq;
-        else
-            req->seq_out = seq; /* the request is gone by the time wait returns */
+    if ((st = irecv_post(comm, cid, buf, cap, src, tag, u, prev, &req)) != TERN_OK) {
+        pthread_mutex_unlock(&comm->lock);
+        return st;
     }
-    pthread_mutex_unlock(&comm->lock);
-    return st == TERN_OK ? tern_request_wait(req, -1, info) : st;
+    if (atomic_load_explicit(&req->done, memory_order_relaxed))
+        *seq = req->seq;
+    else
+        req->seq_out = seq; /* the request is gone by the time wait returns */
+    return tern__request_wait_locked(req, -1, info); /* lets the lock go */
 }
 
 tern_status_t tern_send(tern_ctx_t *ctx, const void *buf, size_t len, int dst, int tag)

@@ -465,11 +465,13 @@ typedef enum wait_end { WAIT_DONE, WAIT_DONE_LOCKED, WAIT_TIMED_OUT } wait_end_t
  * wakes it when something arrives. The clock is read only every
  * POLLS_PER_CLOCK idle polls: most waits end before the first look. With
  * keep_lock, a wait that sees *done right after its own progress returns
- * WAIT_DONE_LOCKED with the lock still held (one round less for the caller).
+ * WAIT_DONE_LOCKED with the lock still held (one round less for the caller);
+ * with locked, the caller holds the lock already (it just posted what it
+ * waits for), which saves another.
  * A pool worker runs queued pool tasks when idle (tern__comm_wait).
  */
 static wait_end_t wait_loop(tern__comm_t *comm, atomic_int *done, int64_t timeout_ns,
-                            bool keep_lock)
+                            bool keep_lock, bool locked)
 {
     int fd = tern_transport_fd(comm->tp);
     tern_pool_t *pool = tern_ctx_pool(comm->ctx);
@@ -482,11 +484,12 @@ static wait_end_t wait_loop(tern__comm_t *comm, atomic_int *done, int64_t timeou
     wait_end_t end = WAIT_DONE;
     atomic_fetch_add(&comm->spinning, 1);
     while (!atomic_load_explicit(done, memory_order_acquire)) {
-        if (pthread_mutex_trylock(&comm->lock) != 0) {
+        if (!locked && pthread_mutex_trylock(&comm->lock) != 0) {
             /* Another waiter is progressing; it will complete ours too. */
             sched_yield();
             continue;
         }
+        locked = false; /* this round's hold is let go (or kept) below */
         int n = tern_transport_progress(comm->tp);
         unsigned polls = 1;
         /* Poll on under the lock while nothing happens: a lock round per
@@ -551,6 +554,8 @@ static wait_end_t wait_loop(tern__comm_t *comm, atomic_int *done, int64_t timeou
             sched_yield();
         }
     }
+    if (locked) /* done before the first round */
+        end = keep_lock ? WAIT_DONE_LOCKED : (pthread_mutex_unlock(&comm->lock), WAIT_DONE);
     /* Tell the progress thread a waiter was here: it stays asleep for another
      * nap, as the next wait in a loop of blocking calls comes within
      * microseconds. No wake-up call, which would cost a context switch. */
@@ -561,28 +566,39 @@ static wait_end_t wait_loop(tern__comm_t *comm, atomic_int *done, int64_t timeou
 
 bool tern__comm_wait(tern__comm_t *comm, atomic_int *done, int64_t timeout_ns)
 {
-    return wait_loop(comm, done, timeout_ns, false) != WAIT_TIMED_OUT;
+    return wait_loop(comm, done, timeout_ns, false, false) != WAIT_TIMED_OUT;
 }
 
-tern_status_t tern_request_wait(tern_request_t *req, int64_t timeout_ns, tern_msg_info_t *info)
+static tern_status_t request_wait(tern_request_t *req, int64_t timeout_ns, tern_msg_info_t *info,
+                                  bool locked)
 {
-    tern__comm_t *comm;
+    tern__comm_t *comm = req->comm;
     int done = 0;
-    if (req == NULL)
-        return tern__error(TERN_ERR_INVALID_PARAM, "tern_request_wait: NULL request");
-    comm = req->comm;
-    /* Done already (an eager send): nothing to wait for. */
-    if (atomic_load_explicit(&req->done, memory_order_acquire))
-        return tern_request_test(req, &done, info);
-    wait_end_t end = wait_loop(comm, &req->done, timeout_ns, true);
-    bool locked = end == WAIT_DONE_LOCKED, timed_out = end == WAIT_TIMED_OUT;
-    if (locked) {
+    wait_end_t end = wait_loop(comm, &req->done, timeout_ns, true, locked);
+    if (end == WAIT_DONE_LOCKED) {
         tern_status_t st = req_finish(comm, req, info);
         pthread_mutex_unlock(&comm->lock);
         return st;
     }
-    if (timed_out)
+    if (end == WAIT_TIMED_OUT)
         return tern__error(TERN_ERR_TIMEOUT, "request not complete after %lld ms",
                            (long long)(timeout_ns / 1000000));
     return tern_request_test(req, &done, info);
+}
+
+tern_status_t tern_request_wait(tern_request_t *req, int64_t timeout_ns, tern_msg_info_t *info)
+{
+    int done = 0;
+    if (req == NULL)
+        return tern__error(TERN_ERR_INVALID_PARAM, "tern_request_wait: NULL request");
+    /* Done already (an eager send): nothing to wait for. */
+    if (atomic_load_explicit(&req->done, memory_order_acquire))
+        return tern_request_test(req, &done, info);
+    return request_wait(req, timeout_ns, info, false);
+}
+
+tern_status_t tern__request_wait_locked(tern_request_t *req, int64_t timeout_ns,
+                                        tern_msg_info_t *info)
+{
+    return request_wait(req, timeout_ns, info, true);
 }
