@@ -368,6 +368,7 @@ struct ucx_tp {
     link_t eps, zombie_eps, lost, linger, done, orphan_entries, dirty;
     ucx_stream_t **buckets;
     size_t nbuckets, nstreams;
+    ucx_stream_t *last_stream; /* the one found last: most arrivals come from it again */
     ucx_op_t *op_cache;
     unsigned nop_cache;
     struct ucx_entry *entry_cache;
@@ -787,9 +788,12 @@ static size_t stream_hash(const ucx_tp_t *tp, uint32_t src, uint32_t conn)
 
 static ucx_stream_t *stream_find(ucx_tp_t *tp, uint32_t src, uint32_t conn)
 {
-    for (ucx_stream_t *s = tp->buckets[stream_hash(tp, src, conn)]; s != NULL; s = s->hnext)
+    ucx_stream_t *s = tp->last_stream;
+    if (s != NULL && s->src == src && s->conn == conn)
+        return s;
+    for (s = tp->buckets[stream_hash(tp, src, conn)]; s != NULL; s = s->hnext)
         if (s->src == src && s->conn == conn)
-            return s;
+            return tp->last_stream = s;
     return NULL;
 }
 
@@ -937,6 +941,8 @@ static void stream_free(ucx_tp_t *tp, ucx_stream_t *s)
         pp = &(*pp)->hnext;
     *pp = s->hnext;
     tp->nstreams--;
+    if (tp->last_stream == s)
+        tp->last_stream = NULL;
     free(s->canceled);
     free(s);
 }
