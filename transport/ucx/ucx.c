@@ -467,17 +467,35 @@ static tern_status_t status_of(ucs_status_t st)
 
 /* ---- operations: allocation and completion ---- */
 
-static ucx_op_t *op_new(ucx_tp_t *tp, ucx_ep_t *ep, enum op_kind kind,
-                        const tern_op_params_t *params)
+/* An op from the cache (or malloc), not yet initialized. */
+static ucx_op_t *op_alloc(ucx_tp_t *tp)
 {
     ucx_op_t *op = tp->op_cache;
 
     if (op != NULL) {
         tp->op_cache = op->cache_next;
         tp->nop_cache--;
-    } else if ((op = malloc(sizeof(*op))) == NULL) {
-        return NULL;
+        return op;
     }
+    return malloc(sizeof(*op));
+}
+
+/* Give an op back to the cache (or free it); it is on no list. */
+static void op_recycle(ucx_tp_t *tp, ucx_op_t *op)
+{
+    if (tp->nop_cache < OP_CACHE_MAX) {
+        op->cache_next = tp->op_cache;
+        tp->op_cache = op;
+        tp->nop_cache++;
+    } else {
+        free(op);
+    }
+}
+
+/* Initialize every field of op but its header (which may be filled already). */
+static void op_init(ucx_op_t *op, ucx_tp_t *tp, ucx_ep_t *ep, enum op_kind kind,
+                    const tern_op_params_t *params)
+{
     memset(op, 0, offsetof(ucx_op_t, hdr));
     op->tp = tp;
     op->ep = ep;
@@ -485,6 +503,15 @@ static ucx_op_t *op_new(ucx_tp_t *tp, ucx_ep_t *ep, enum op_kind kind,
     op->comp = tern__comp_of(params);
     link_init(&op->link);
     link_init(&op->dlink);
+}
+
+static ucx_op_t *op_new(ucx_tp_t *tp, ucx_ep_t *ep, enum op_kind kind,
+                        const tern_op_params_t *params)
+{
+    ucx_op_t *op = op_alloc(tp);
+
+    if (op != NULL)
+        op_init(op, tp, ep, kind, params);
     return op;
 }
 
@@ -497,13 +524,7 @@ static void op_free(ucx_op_t *op)
     link_del(&op->dlink);
     free(op->payload);
     op->payload = NULL;
-    if (tp->nop_cache < OP_CACHE_MAX) {
-        op->cache_next = tp->op_cache;
-        tp->op_cache = op;
-        tp->nop_cache++;
-    } else {
-        free(op);
-    }
+    op_recycle(tp, op);
 }
 
 /* All of an op's UCX requests have finished: queue it for progress. */
@@ -2052,30 +2073,47 @@ static void ucx_ep_destroy(tern_ep_t *bep)
 /* ---- sends ---- */
 
 /*
- * A small send that UCX can finish inside the call (a short AM into the
- * peer's FIFO, the common case) needs no op: the header and payload are built
- * on the stack and posted with UCP_OP_ATTR_FLAG_FORCE_IMM_CMPL, which makes
- * UCX refuse rather than queue. On shared memory the op's allocation,
- * tracking and release were a tenth of a small message's cost. Returns false
- * when UCX would have to queue it (or failed): the caller posts an op, which
- * reports any error.
+ * A small host send: header and payload in one buffer, the AM's data (as
+ * am_post does). Most go into the peer's FIFO inside ucp_am_send_nbx, and
+ * then the op that holds the buffer is only borrowed from the cache: no
+ * initialization, no listing, no completion. Only when UCX queues the send (a
+ * full FIFO, an endpoint still wiring up) does it become a tracked op, set up
+ * after the call, which is safe because UCX calls back only from progress.
+ * UCP_OP_ATTR_FLAG_FORCE_IMM_CMPL cannot replace this: UCX 1.13's
+ * ucp_am_send_nbx ignores it and queues, keeping a pointer to the buffer.
  */
-static bool send_now(ucx_ep_t *ep, uint32_t imm, const void *buf, size_t len)
+static tern_status_t send_small(ucx_ep_t *ep, uint32_t imm, const void *buf, size_t len,
+                                const tern_op_params_t *params)
 {
-    uint8_t h[MSG_HDR_LEN + MSG_INLINE];
-    ucp_request_param_t p = {
-        .op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_MEMORY_TYPE,
-        .flags = UCP_OP_ATTR_FLAG_FORCE_IMM_CMPL,
-        .memory_type = UCS_MEMORY_TYPE_HOST,
-    };
+    ucx_tp_t *tp = ep->tp;
+    ucx_op_t *op = op_alloc(tp);
+    ucs_status_ptr_t sp;
 
-    hdr_write(h, ep, MSG_SEND, 0, imm, len);
+    if (op == NULL)
+        return tern__error(TERN_ERR_NO_MEMORY, "tern_ep_send: no memory for the operation");
+    hdr_write(op->hdr, ep, MSG_SEND, 0, imm, len);
     if (len > 0)
-        memcpy(h + MSG_HDR_LEN, buf, len);
-    if (ucp_am_send_nbx(ep->uep, AM_ID, NULL, 0, h, MSG_HDR_LEN + len, &p) != NULL)
-        return false;
-    ep->tx_seq++;
-    return true;
+        memcpy(op->hdr + MSG_HDR_LEN, buf, len);
+    ucp_request_param_t p = op_param(op);
+    p.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMORY_TYPE;
+    p.memory_type = UCS_MEMORY_TYPE_HOST;
+    sp = ucp_am_send_nbx(ep->uep, AM_ID, NULL, 0, op->hdr, MSG_HDR_LEN + len, &p);
+    if (sp == NULL) {
+        ep->tx_seq++;
+        op_recycle(tp, op);
+        return TERN_OK;
+    }
+    if (UCS_PTR_IS_ERR(sp)) {
+        op_recycle(tp, op);
+        return tern__error(status_of(UCS_PTR_STATUS(sp)), "ucp_am_send_nbx of %zu bytes: %s", len,
+                           ucs_status_string(UCS_PTR_STATUS(sp)));
+    }
+    op_init(op, tp, ep, OP_SEND, params);
+    op->seq = ep->tx_seq++;
+    op->has_seq = true;
+    op->pending = 1;
+    op_track(op, sp);
+    return op_launched(op);
 }
 
 static tern_status_t ucx_send(tern_ep_t *bep, uint32_t imm, const void *buf, size_t len,
@@ -2088,9 +2126,8 @@ static tern_status_t ucx_send(tern_ep_t *bep, uint32_t imm, const void *buf, siz
 
     if ((st = ep_check(ep, "tern_ep_send")) != TERN_OK)
         return st;
-    if (len <= MSG_INLINE && mem_type_of(params) == UCS_MEMORY_TYPE_HOST &&
-        send_now(ep, imm, buf, len))
-        return TERN_OK;
+    if (len <= MSG_INLINE && mem_type_of(params) == UCS_MEMORY_TYPE_HOST)
+        return send_small(ep, imm, buf, len, params);
     if ((op = op_new(ep->tp, ep, OP_SEND, params)) == NULL)
         return tern__error(TERN_ERR_NO_MEMORY, "tern_ep_send: no memory for the operation");
     op->pending = 1;
