@@ -99,19 +99,29 @@ static void bounce_done(void *arg, tern_status_t st)
     bounce_free(arg);
 }
 
-/* Send len bytes of b (consumed either way) to dst with imm. */
-static tern_status_t send_bounce(tern__comm_t *comm, int dst, uint32_t imm, bounce_t *b)
+/* Send msg[0..len) to dst with imm. msg is b's data (b is consumed either
+ * way: freed when the transport is done with it), or, with b NULL, a message
+ * the transport copies as it posts (len <= attr.max_inline). */
+static inline tern_status_t send_msg(tern__comm_t *comm, int dst, uint32_t imm, const void *msg, size_t len,
+                              bounce_t *b)
 {
     tern_ep_t *ep;
     tern_status_t st = tern__comm_ep(comm, dst, &ep);
     if (st == TERN_OK) {
         tern_op_params_t op = {.field_mask = TERN_OP_PARAM_CB, .cb = bounce_done, .cb_arg = b};
-        st = tern_ep_send(ep, imm, b->data, b->len, &op);
+        st = tern_ep_send(ep, imm, msg, len, b != NULL ? &op : NULL);
     }
     if (st == TERN_INPROGRESS)
         return TERN_OK;
-    bounce_free(b);
+    if (b != NULL)
+        bounce_free(b);
     return st;
+}
+
+/* Send len bytes of b (consumed either way) to dst with imm. */
+static tern_status_t send_bounce(tern__comm_t *comm, int dst, uint32_t imm, bounce_t *b)
+{
+    return send_msg(comm, dst, imm, b->data, b->len, b);
 }
 
 static void send_ctrl(tern__comm_t *comm, int dst, enum ctrl kind, const uint8_t *payload, size_t len)
@@ -509,22 +519,13 @@ static tern_status_t send_eager(tern__comm_t *comm, uint32_t cid, const void *bu
     const bool inl = n <= comm->attr.max_inline && n <= sizeof(stack);
     bounce_t *b = inl ? NULL : bounce_new(comm, n);
     uint8_t *msg = inl ? stack : b != NULL ? b->data : NULL;
-    tern_status_t st;
     if (msg == NULL)
         return tern__error(TERN_ERR_NO_MEMORY, "send: no memory for %zu bytes", len);
     tern__put_le32(msg, cid);
     tern__put_le32(msg + 4, (uint32_t)tag);
     if (len)
         memcpy(msg + EAGER_HDR, buf, len);
-    uint32_t imm = msg_imm(comm, TERN_IMM_P2P_EAGER, dst, seq);
-    if (inl) {
-        tern_ep_t *ep;
-        if ((st = tern__comm_ep(comm, dst, &ep)) == TERN_OK &&
-            (st = tern_ep_send(ep, imm, msg, n, NULL)) == TERN_INPROGRESS)
-            st = TERN_OK;
-    } else {
-        st = send_bounce(comm, dst, imm, b);
-    }
+    tern_status_t st = send_msg(comm, dst, msg_imm(comm, TERN_IMM_P2P_EAGER, dst, seq), msg, n, b);
     if (st == TERN_OK)
         comm->credits[dst] -= (int64_t)len;
     return st;

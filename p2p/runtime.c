@@ -554,8 +554,12 @@ static wait_end_t wait_loop(tern__comm_t *comm, atomic_int *done, int64_t timeou
             sched_yield();
         }
     }
-    if (locked) /* done before the first round */
-        end = keep_lock ? WAIT_DONE_LOCKED : (pthread_mutex_unlock(&comm->lock), WAIT_DONE);
+    if (locked) { /* done before the first round */
+        if (keep_lock)
+            end = WAIT_DONE_LOCKED;
+        else
+            pthread_mutex_unlock(&comm->lock);
+    }
     /* Tell the progress thread a waiter was here: it stays asleep for another
      * nap, as the next wait in a loop of blocking calls comes within
      * microseconds. No wake-up call, which would cost a context switch. */

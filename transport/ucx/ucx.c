@@ -624,13 +624,6 @@ static void hdr_write(uint8_t *h, const ucx_ep_t *ep, uint8_t type, uint16_t fla
     tern__put_le64(h + 24, len);
 }
 
-/* Fill the AM header of op: a message of type from this transport on op's
- * endpoint. */
-static void msg_hdr_fill(ucx_op_t *op, uint8_t type, uint16_t flags, uint32_t imm, uint64_t len)
-{
-    hdr_write(op->hdr, op->ep, type, flags, imm, len);
-}
-
 /* Post op's AM (header already filled, payload buf[0..len)). A message UCX
  * refuses at once takes no sequence number. Returns what UCX returned. */
 static ucs_status_ptr_t am_post(ucx_op_t *op, const void *buf, size_t len, uint32_t am_flags,
@@ -691,7 +684,7 @@ static bool op_advance(ucx_op_t *op)
     /* The data is in place (the flush finished): tell the target. */
     op->stage = 1;
     op->pending = 1;
-    msg_hdr_fill(op, MSG_PUT_IMM, 0, op->imm, op->len);
+    hdr_write(op->hdr, op->ep, MSG_PUT_IMM, 0, op->imm, op->len);
     op_track(op, am_post(op, NULL, 0, 0, UCS_MEMORY_TYPE_HOST));
     return --op->pending == 0;
 }
@@ -782,7 +775,7 @@ static ucx_op_t *ctrl_post(ucx_ep_t *ep, uint8_t type, uint16_t flags, uint32_t 
     }
     op->payload = payload;
     op->pending = 1;
-    msg_hdr_fill(op, type, flags, imm, len);
+    hdr_write(op->hdr, ep, type, flags, imm, len);
     sp = am_post(op, payload, plen, am_flags, UCS_MEMORY_TYPE_HOST);
     if (UCS_PTR_IS_ERR(sp)) {
         tern_debug("ucx: control message %u to peer %u not sent: %s", type, ep->base.peer,
@@ -2073,49 +2066,16 @@ static void ucx_ep_destroy(tern_ep_t *bep)
 /* ---- sends ---- */
 
 /*
- * A small host send: header and payload in one buffer, the AM's data (as
- * am_post does). Most go into the peer's FIFO inside ucp_am_send_nbx, and
- * then the op that holds the buffer is only borrowed from the cache: no
- * initialization, no listing, no completion. Only when UCX queues the send (a
- * full FIFO, an endpoint still wiring up) does it become a tracked op, set up
- * after the call, which is safe because UCX calls back only from progress.
- * UCP_OP_ATTR_FLAG_FORCE_IMM_CMPL cannot replace this: UCX 1.13's
- * ucp_am_send_nbx ignores it and queues, keeping a pointer to the buffer.
+ * Most sends complete inside ucp_am_send_nbx (a small one goes into the
+ * peer's FIFO, a large one may be copied out at once). For those the op that
+ * holds the header (and a small payload, am_post) is only borrowed from the
+ * cache: no initialization, no listing, no completion. Only a send UCX keeps
+ * (a full FIFO, an endpoint still wiring up, a zero-copy protocol) is set up
+ * as a tracked op, after the call, which is safe because UCX calls back only
+ * from progress. UCP_OP_ATTR_FLAG_FORCE_IMM_CMPL with a stack buffer cannot
+ * replace this: UCX 1.13's ucp_am_send_nbx ignores the flag and queues the
+ * send, keeping a pointer to the buffer.
  */
-static tern_status_t send_small(ucx_ep_t *ep, uint32_t imm, const void *buf, size_t len,
-                                const tern_op_params_t *params)
-{
-    ucx_tp_t *tp = ep->tp;
-    ucx_op_t *op = op_alloc(tp);
-    ucs_status_ptr_t sp;
-
-    if (op == NULL)
-        return tern__error(TERN_ERR_NO_MEMORY, "tern_ep_send: no memory for the operation");
-    hdr_write(op->hdr, ep, MSG_SEND, 0, imm, len);
-    if (len > 0)
-        memcpy(op->hdr + MSG_HDR_LEN, buf, len);
-    ucp_request_param_t p = op_param(op);
-    p.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMORY_TYPE;
-    p.memory_type = UCS_MEMORY_TYPE_HOST;
-    sp = ucp_am_send_nbx(ep->uep, AM_ID, NULL, 0, op->hdr, MSG_HDR_LEN + len, &p);
-    if (sp == NULL) {
-        ep->tx_seq++;
-        op_recycle(tp, op);
-        return TERN_OK;
-    }
-    if (UCS_PTR_IS_ERR(sp)) {
-        op_recycle(tp, op);
-        return tern__error(status_of(UCS_PTR_STATUS(sp)), "ucp_am_send_nbx of %zu bytes: %s", len,
-                           ucs_status_string(UCS_PTR_STATUS(sp)));
-    }
-    op_init(op, tp, ep, OP_SEND, params);
-    op->seq = ep->tx_seq++;
-    op->has_seq = true;
-    op->pending = 1;
-    op_track(op, sp);
-    return op_launched(op);
-}
-
 static tern_status_t ucx_send(tern_ep_t *bep, uint32_t imm, const void *buf, size_t len,
                               const tern_op_params_t *params)
 {
@@ -2123,21 +2083,27 @@ static tern_status_t ucx_send(tern_ep_t *bep, uint32_t imm, const void *buf, siz
     ucx_op_t *op;
     ucs_status_ptr_t sp;
     tern_status_t st;
+    uint32_t seq;
 
     if ((st = ep_check(ep, "tern_ep_send")) != TERN_OK)
         return st;
-    if (len <= MSG_INLINE && mem_type_of(params) == UCS_MEMORY_TYPE_HOST)
-        return send_small(ep, imm, buf, len, params);
-    if ((op = op_new(ep->tp, ep, OP_SEND, params)) == NULL)
+    if ((op = op_alloc(ep->tp)) == NULL)
         return tern__error(TERN_ERR_NO_MEMORY, "tern_ep_send: no memory for the operation");
-    op->pending = 1;
-    msg_hdr_fill(op, MSG_SEND, 0, imm, len);
+    op->ep = ep; /* all am_post reads of op besides its header */
+    hdr_write(op->hdr, ep, MSG_SEND, 0, imm, len);
     sp = am_post(op, buf, len, 0, mem_type_of(params));
-    if (UCS_PTR_IS_ERR(sp)) {
-        op_free(op);
+    if (sp == NULL || UCS_PTR_IS_ERR(sp)) {
+        op_recycle(ep->tp, op);
+        if (sp == NULL)
+            return TERN_OK;
         return tern__error(status_of(UCS_PTR_STATUS(sp)), "ucp_am_send_nbx of %zu bytes: %s", len,
                            ucs_status_string(UCS_PTR_STATUS(sp)));
     }
+    seq = op->seq; /* taken by am_post */
+    op_init(op, ep->tp, ep, OP_SEND, params);
+    op->seq = seq;
+    op->has_seq = true;
+    op->pending = 1;
     op_track(op, sp);
     return op_launched(op);
 }
@@ -2721,7 +2687,7 @@ static tern_status_t ucx_open(const tern__tp_config_t *cfg, tern_transport_t **t
 
     describe_device(tp, config);
     tp->base.attr.max_send = MAX_SEND;
-    tp->base.attr.max_inline = MSG_INLINE; /* copied into the op (am_post) or sent at once */
+    tp->base.attr.max_inline = MSG_INLINE; /* copied into the op (am_post) */
     tp->base.attr.max_put = MAX_PUT;
     tp->base.attr.addr_len = tp->addr_len;
     tern_debug("ucx: open on %s, address %zu bytes", tp->base.attr.device, tp->addr_len);
