@@ -102,8 +102,8 @@ static void bounce_done(void *arg, tern_status_t st)
 /* Send msg[0..len) to dst with imm. msg is b's data (b is consumed either
  * way: freed when the transport is done with it), or, with b NULL, a message
  * the transport copies as it posts (len <= attr.max_inline). */
-static inline tern_status_t send_msg(tern__comm_t *comm, int dst, uint32_t imm, const void *msg, size_t len,
-                              bounce_t *b)
+static inline tern_status_t send_msg(tern__comm_t *comm, int dst, uint32_t imm, const void *msg,
+                                     size_t len, bounce_t *b)
 {
     tern_ep_t *ep;
     tern_status_t st = tern__comm_ep(comm, dst, &ep);
