@@ -65,25 +65,25 @@ static tern_status_t lat(tern_ctx_t *ctx, int peer, int leader, uint8_t *buf, si
                          unsigned warmup, unsigned iters, uint64_t *samples)
 {
     tern_status_t st;
-    /* One clock read per round trip, not two: each iteration starts where the
-     * last one's reading ended (a read costs 40-50 ns on a VM, a tenth of a
-     * shared-memory round trip; ucx_perftest reads the TSC once per
-     * iteration too). */
-    uint64_t t0 = tern_clock_ns();
-    for (unsigned i = 0; i < warmup + iters; i++) {
-        if (leader) {
-            if ((st = tern_send(ctx, buf, size, peer, TAG_DATA)) != TERN_OK ||
-                (st = tern_recv(ctx, buf, size, peer, TAG_DATA, NULL)) != TERN_OK)
-                return st;
-        } else {
-            if ((st = tern_recv(ctx, buf, size, peer, TAG_DATA, NULL)) != TERN_OK ||
-                (st = tern_send(ctx, buf, size, peer, TAG_DATA)) != TERN_OK)
-                return st;
-        }
+    /* One clock read per round trip, right after this rank's send: a sample
+     * runs from one send to the next, a whole round trip, and the read (40-50
+     * ns on a VM, a tenth of a shared-memory round trip) overlaps the
+     * message's flight instead of delaying the next send, as a read after
+     * the receive did. ucx_perftest reads the TSC once per iteration too.
+     * One round trip more than timed: the last sample ends at its send. */
+    const unsigned n = warmup + iters + 1;
+    uint64_t t0 = 0;
+    for (unsigned i = 0; i < n; i++) {
+        if (!leader && (st = tern_recv(ctx, buf, size, peer, TAG_DATA, NULL)) != TERN_OK)
+            return st;
+        if ((st = tern_send(ctx, buf, size, peer, TAG_DATA)) != TERN_OK)
+            return st;
         uint64_t t1 = tern_clock_ns();
-        if (i >= warmup && samples != NULL)
-            samples[i - warmup] = t1 - t0;
+        if (i > warmup && samples != NULL)
+            samples[i - warmup - 1] = t1 - t0;
         t0 = t1;
+        if (leader && (st = tern_recv(ctx, buf, size, peer, TAG_DATA, NULL)) != TERN_OK)
+            return st;
     }
     return TERN_OK;
 }

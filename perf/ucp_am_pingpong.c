@@ -116,21 +116,22 @@ int main(int argc, char **argv)
         fprintf(stderr, "ucp-am-pingpong: no memory\n");
         return 1;
     }
-    /* One clock read per iteration, as tern-perf makes. */
+    /* One clock read per iteration, where tern-perf takes it: right after
+     * the client's send, so it overlaps the reply's flight (a sample runs
+     * from one send to the next). */
     uint64_t t = peer_now_ns();
     for (unsigned i = 0; i < warm + iters; i++) {
-        if (!server)
-            send_one(w, ep, hdr, buf, size);
-        while (arrived < i + 1)
-            ucp_worker_progress(w);
-        if (server)
-            send_one(w, ep, hdr, buf, size);
         if (!server) {
+            send_one(w, ep, hdr, buf, size);
             uint64_t t1 = peer_now_ns();
             if (i >= warm)
                 s[i - warm] = t1 - t;
             t = t1;
         }
+        while (arrived < i + 1)
+            ucp_worker_progress(w);
+        if (server)
+            send_one(w, ep, hdr, buf, size);
     }
     /* Both sides done before either endpoint goes. */
     char done = 1;
