@@ -6,9 +6,9 @@
  * waits on a request first progresses the transport itself for a short spin
  * (the lowest latency: no hand-off between threads); while it does, the
  * progress thread stays asleep so the two do not fight over the cores. After
- * the spin the waiter sleeps on a condition and the progress thread takes over,
- * sleeping on the transport's fd when idle (TERN_POLL=blocking) or spinning
- * (TERN_POLL=busy).
+ * the spin (TERN_POLL=blocking) the waiter sleeps on the transport's fd, and
+ * the progress thread, idle, does too: whichever wakes first progresses. With
+ * TERN_POLL=busy neither sleeps on the fd.
  */
 #include <errno.h>
 #include <poll.h>
@@ -161,13 +161,13 @@ static void *progress_main(void *arg)
     int store_fd = comm->store_fd;
     tern__log_set_rank((int)comm->rank);
     while (!atomic_load(&comm->stop)) {
-        /* A waiter is progressing, or was during the last nap: stay out of
-         * its way, and off comm->lock, which a waiter polls under (its
-         * naps on a lock of their own: waking on comm->lock made the waiter
-         * pay a futex wake-up every nap). */
+        /* A waiter was progressing during the last nap (its heartbeat moved):
+         * stay out of its way, and off comm->lock, which a waiter polls
+         * under (the naps are on a lock of their own: waking on comm->lock
+         * made the waiter pay a futex wake-up every nap). */
         for (;;) {
-            unsigned waits = atomic_load(&comm->waits);
-            if (atomic_load(&comm->stop) || (atomic_load(&comm->spinning) == 0 && waits == seen_waits))
+            unsigned waits = atomic_load_explicit(&comm->waits, memory_order_relaxed);
+            if (atomic_load(&comm->stop) || waits == seen_waits)
                 break;
             seen_waits = waits;
             struct timespec ts = tern__clock_realtime_after(NAP_NS);
@@ -458,6 +458,19 @@ tern_status_t tern_request_test(tern_request_t *req, int *done, tern_msg_info_t 
 
 typedef enum wait_end { WAIT_DONE, WAIT_DONE_LOCKED, WAIT_TIMED_OUT } wait_end_t;
 
+/* A waiter's heartbeat, which keeps the progress thread napping: as a wait
+ * starts, every POLLS_PER_CLOCK idle polls, and as it ends. A plain store,
+ * not an atomic add: a locked instruction on the way out of every wait cost
+ * a shared-memory message about 10 ns, and the progress thread only asks
+ * whether the count moved, which two waiters racing on it still make it do.
+ * A waiter asleep on the fd beats only as it wakes: the progress thread then
+ * polls the fd too, and whichever wakes first progresses. */
+static inline void waiter_beat(tern__comm_t *comm)
+{
+    unsigned w = atomic_load_explicit(&comm->waits, memory_order_relaxed);
+    atomic_store_explicit(&comm->waits, w + 1, memory_order_relaxed);
+}
+
 /*
  * The waiter drives progress itself, and the progress thread keeps out of the
  * way: no hand-off between threads on the path of a reply. It spins first;
@@ -482,7 +495,7 @@ static wait_end_t wait_loop(tern__comm_t *comm, atomic_int *done, int64_t timeou
      * its core away, between polls. */
     const unsigned hold = helper || comm->yield_idle ? 0 : HOLD_POLLS;
     wait_end_t end = WAIT_DONE;
-    atomic_fetch_add(&comm->spinning, 1);
+    waiter_beat(comm);
     while (!atomic_load_explicit(done, memory_order_acquire)) {
         if (!locked && pthread_mutex_trylock(&comm->lock) != 0) {
             /* Another waiter is progressing; it will complete ours too. */
@@ -521,6 +534,7 @@ static wait_end_t wait_loop(tern__comm_t *comm, atomic_int *done, int64_t timeou
             continue;
         }
         idle = 0;
+        waiter_beat(comm);
         uint64_t now = tern_clock_ns();
         if (start == 0) {
             start = now;
@@ -560,11 +574,10 @@ static wait_end_t wait_loop(tern__comm_t *comm, atomic_int *done, int64_t timeou
         else
             pthread_mutex_unlock(&comm->lock);
     }
-    /* Tell the progress thread a waiter was here: it stays asleep for another
-     * nap, as the next wait in a loop of blocking calls comes within
-     * microseconds. No wake-up call, which would cost a context switch. */
-    atomic_fetch_add(&comm->waits, 1);
-    atomic_fetch_sub(&comm->spinning, 1);
+    /* The progress thread stays asleep for another nap: the next wait in a
+     * loop of blocking calls comes within microseconds. No wake-up call,
+     * which would cost a context switch. */
+    waiter_beat(comm);
     return end;
 }
 
