@@ -92,7 +92,7 @@ struct tern__comm {
     tern_store_server_t *store_server;
     int store_fd;
     atomic_bool stop;
-    atomic_uint waits;        /* waiters' heartbeat (runtime.c): the progress thread naps while it moves */
+    atomic_uint waits; /* waiters' heartbeat (runtime.c): the progress thread naps while it moves */
     atomic_int lock_wanted;   /* threads blocked in tern__comm_lock: a waiter lets go */
     bool busy_poll;
     bool yield_idle;          /* more local ranks than cores: give the core away when idle */
