@@ -997,7 +997,10 @@ static void on_pull(void *arg, tern_status_t status)
 /*
  * Start pulling t's payload from src into a new buffer (lock held): *buf and
  * *mr are set for the caller to free; the pull's completion counts down
- * *gets. t->t.data points at the buffer.
+ * *gets. t->t.data points at the buffer. A get may complete as it is posted
+ * (the ucx provider's cma path): then *gets is as before and TERN_OK is
+ * returned, and the caller, which knows a pull happened, still owes the peer
+ * its M_PULLED or M_RELEASE.
  */
 static tern_status_t start_pull(rpc_t *rpc, int src, tin_t *t, void **buf, tern_mr_t **mr,
                                 call_t *c, tern_future_t *f, int *gets)
@@ -1337,6 +1340,7 @@ static void handle_request(rpc_t *rpc, int src, uint32_t imm, const hdr_t *h,
     char why[MAX_ERROR];
     call_t *c = NULL;
     tin_t *tin = NULL;
+    bool pulled = false; /* an argument came by rendezvous: the caller hears M_PULLED */
 
     if (h->text_len > TERN_RPC_NAME_MAX || h->ntensors > MAX_TENSORS ||
         h->nrrefs > MAX_RREFS || h->blob_len > MAX_BLOB ||
@@ -1443,6 +1447,7 @@ static void handle_request(rpc_t *rpc, int src, uint32_t imm, const hdr_t *h,
     c->value.blob_len = h->blob_len;
     for (uint32_t i = 0; i < h->ntensors; i++) {
         if (tin[i].rndv) {
+            pulled = true;
             st = start_pull(rpc, src, &tin[i], &c->bufs[c->nbufs], &c->mrs[c->nbufs], c, NULL,
                             &c->gets);
             c->nbufs++;
@@ -1457,9 +1462,11 @@ static void handle_request(rpc_t *rpc, int src, uint32_t imm, const hdr_t *h,
     tin = NULL;
     c->value.tensors = c->args;
     c->value.ntensors = h->ntensors;
-    if (c->gets > 0) {
+    if (c->gets > 0 || pulled) {
         rpc->pulling++;
-        return; /* call_pulled goes on */
+        if (c->gets == 0)
+            call_pulled(rpc, c); /* every pull completed as it was posted */
+        return;                  /* else call_pulled goes on */
     }
     call_ready(rpc, c);
     return;
@@ -1472,11 +1479,13 @@ fail:
     }
     if (c->error == NULL)
         c->error = strdup(why);
-    if (c->gets > 0) {
+    if (c->gets > 0 || pulled) {
         /* pulls already started finish first, then fail the call */
         if (c->get_status == TERN_OK)
             c->get_status = st;
         rpc->pulling++;
+        if (c->gets == 0)
+            call_pulled(rpc, c);
         return;
     }
     reply(rpc, c, st);
@@ -1856,8 +1865,10 @@ static void handle_reply(rpc_t *rpc, int src, const hdr_t *h, const uint8_t *dat
     }
     f->receiving = true;
     f->status = TERN_OK;
+    bool pulled = false;
     for (uint32_t i = 0; i < h->ntensors && st == TERN_OK; i++) {
         if (tin[i].rndv) {
+            pulled = true;
             st = start_pull(rpc, src, &tin[i], &f->bufs[f->nbufs], &f->mrs[f->nbufs], NULL, f,
                             &f->gets);
             f->nbufs++;
@@ -1870,8 +1881,8 @@ static void handle_reply(rpc_t *rpc, int src, const hdr_t *h, const uint8_t *dat
         rpc->pulling++;
         return;
     }
-    if (st != TERN_OK) {
-        /* No pull started: release whatever the target holds for us. */
+    if (st != TERN_OK || pulled) {
+        /* No pull in flight: release whatever the target holds for us. */
         rpc->pulling++;
         future_pulled(rpc, f);
         return;
