@@ -510,6 +510,49 @@ static void test_put_with_imm(void **state)
     region_free(&r);
 }
 
+/* On shared memory (a notice channel to the peer) puts and gets copy by
+ * process_vm_readv/writev unless TERN_UCX_CMA=no: one-sided, as an RC NIC's,
+ * so they complete as they are posted while the target does not progress at
+ * all. Through UCX (tcp, or TERN_UCX_CMA=no) they need the target's progress,
+ * so they cannot. */
+static void test_one_sided_without_target_progress(void **state)
+{
+    pair_t *p = *state;
+    const char *tls = getenv("UCX_TLS"), *cma = getenv("TERN_UCX_CMA");
+    const int direct =
+        tls != NULL && strcmp(tls, "sm") == 0 && (cma == NULL || strcmp(cma, "no") != 0);
+    const size_t len = (4u << 20) + 3;
+    region_t l, r;
+    comp_t c = {0};
+    tern_op_params_t op;
+    tern_status_t st;
+
+    region(p, &l, len, RW, 0);
+    region(p, &r, len, RW, 1);
+    fill(l.mem, len, 21);
+    memset(r.mem, 0, len);
+    op = with_cb(&c, l.mr);
+    st = tern_ep_put(p->a.ep, l.mem, len, tern_rkey_addr(r.rkey), r.rkey, &op);
+    if (direct) {
+        if (st != TERN_OK)
+            fail_msg("put on sm: %s (%s), expected done at once", tern_status_name(st),
+                     tern_last_error());
+        assert_true(same(r.mem, len, 21));
+        fill(r.mem + 1, len - 1, 22);
+        st = tern_ep_get(p->a.ep, l.mem + 1, len - 1, tern_rkey_addr(r.rkey) + 1, r.rkey, &op);
+        assert_int_equal(st, TERN_OK);
+        assert_true(same(l.mem + 1, len - 1, 22));
+        assert_int_equal(c.done, 0); /* done at once: no callback */
+    } else {
+        assert_int_equal(st, TERN_INPROGRESS);
+        PUMP(p, c.done == 1, "the put through UCX");
+        assert_int_equal(c.last, TERN_OK);
+        assert_true(same(r.mem, len, 21));
+    }
+    region_free(&l);
+    region_free(&r);
+}
+
 /* Out of bounds or without the access: refused at the initiator
  * (TERN_ERR_ACCESS), an error event at the target, the endpoint still works. */
 static void test_refusals(void **state)
@@ -762,6 +805,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_large_send, setup, teardown),
         cmocka_unit_test_setup_teardown(test_put_get_sizes, setup, teardown),
         cmocka_unit_test_setup_teardown(test_put_with_imm, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_one_sided_without_target_progress, setup, teardown),
         cmocka_unit_test_setup_teardown(test_refusals, setup, teardown),
         cmocka_unit_test_setup_teardown(test_malformed_address_and_key, setup, teardown),
         cmocka_unit_test_setup_teardown(test_ep_destroy_cancels, setup, teardown),

@@ -66,6 +66,8 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
+#include <sys/types.h>
+#include <sys/uio.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -99,6 +101,7 @@
 #define ADDR_HDR_LEN 40u
 #define ADDR_F_NOTICE 1u /* the address names a notice listener (pid, key) */
 #define RKEY_HDR_LEN 40u
+#define RKEY_F_HOST (1u << 16) /* in the key's access word: the region is host memory */
 #define MSG_HDR_LEN 32u
 /* A message whose payload is at most this travels as one contiguous AM
  * payload, header first, instead of header and payload apart (am_post). */
@@ -279,6 +282,7 @@ struct ucx_ep {
     ucp_rkey_h *zukeys;    /* a zombie's UCX keys, destroyed when its close is done */
     size_t nzukeys;
     watch_t nwatch;
+    pid_t cma_pid; /* the peer process, for puts and gets by cma_copy; 0: through UCX */
     ucs_status_t lost_status;
 };
 
@@ -295,6 +299,7 @@ typedef struct ucx_rkey {
     tern_rkey_t base;
     ucp_rkey_h ukey; /* NULL for an empty region */
     unsigned access;
+    bool host; /* the region is host memory: cma_copy may reach it */
     uint32_t reg_id;
     link_t link; /* ep->rkeys */
 } ucx_rkey_t;
@@ -363,6 +368,7 @@ struct ucx_tp {
     bool notice_due;  /* look at the notice sockets on the next progress */
     bool peer_mode;   /* try UCP_ERR_HANDLING_MODE_PEER (cleared once it fails) */
     bool in_progress; /* ucx_progress is running (a callback must not re-enter it) */
+    bool cma;         /* TERN_UCX_CMA: puts and gets to same-host peers by cma_copy */
     uint8_t *addr;
     size_t addr_len;
     link_t eps, zombie_eps, lost, linger, done, orphan_entries, dirty;
@@ -1454,6 +1460,89 @@ static void notice_fill(uint8_t *d, uint8_t type, uint32_t src, uint32_t conn, u
 }
 
 /* Connect ep's notice channel to the peer's listener and say which endpoint it is. */
+/* ---- puts and gets to a peer on this host ----
+ *
+ * UCX 1.13 runs ucp_put_nbx and ucp_get_nbx between processes on one host as
+ * AMs (its cma transport offers only zero-copy RMA, and UCP's RMA lanes need
+ * the buffered kind): two copies through the shared-memory FIFO, the target's
+ * CPU making one of them in its own progress. A 2-rank all_reduce spent half
+ * its time there (docs/perf.md). An endpoint whose notice channel is up knows
+ * its peer's process, as the kernel names it to us (SO_PEERCRED, so another
+ * pid namespace cannot mislead it), and copies the bytes itself with
+ * process_vm_readv/writev: one copy, made by the initiator, as an RC NIC's
+ * read or write would. It is synchronous: the data is in place when the
+ * call returns. */
+
+/* Use cma_copy on ep if the peer process behind its notice channel fd is
+ * known and ours to reach. */
+static void cma_attach(ucx_ep_t *ep, int fd)
+{
+    struct ucred cr;
+    socklen_t len = sizeof(cr);
+
+    if (!ep->tp->cma)
+        return;
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &len) != 0 || cr.pid <= 0 ||
+        cr.uid != geteuid()) {
+        tern_debug("ucx: peer %u's process is not known: its puts and gets go through UCX",
+                   ep->base.peer);
+        return;
+    }
+    ep->cma_pid = cr.pid;
+}
+
+/* Copy len bytes between our buf and raddr in the peer's memory. Returns
+ * TERN_OK, TERN_ERR_UNSUPPORTED where the kernel refuses cross-process access
+ * (the caller goes through UCX from then on), or the failure. */
+static tern_status_t cma_copy(ucx_ep_t *ep, void *buf, size_t len, uint64_t raddr, bool write)
+{
+    const char *what = write ? "tern_ep_put" : "tern_ep_get";
+    size_t done = 0;
+
+    while (done < len) {
+        struct iovec l = {(uint8_t *)buf + done, len - done};
+        struct iovec r = {(void *)(uintptr_t)(raddr + done), len - done};
+        ssize_t n = write ? process_vm_writev(ep->cma_pid, &l, 1, &r, 1, 0)
+                          : process_vm_readv(ep->cma_pid, &l, 1, &r, 1, 0);
+        if (n > 0) {
+            done += (size_t)n;
+            continue;
+        }
+        if (n == 0)
+            errno = EFAULT; /* nothing moved and no error: the range ends in a hole */
+        if (errno == EINTR)
+            continue;
+        switch (errno) {
+        case EPERM:
+        case ENOSYS:
+            tern_info("ucx: process_vm_%s to peer %u (pid %d) refused (%s): its puts and gets go "
+                      "through UCX",
+                      write ? "writev" : "readv", ep->base.peer, (int)ep->cma_pid, strerror(errno));
+            ep->cma_pid = 0;
+            return TERN_ERR_UNSUPPORTED;
+        case ESRCH:
+            return tern__error(TERN_ERR_PEER_LOST, "%s: peer %u's process (pid %d) is gone", what,
+                               ep->base.peer, (int)ep->cma_pid);
+        case ENOMEM:
+            return tern__error(TERN_ERR_NO_MEMORY, "%s: process_vm_%s of %zu bytes: %s", what,
+                               write ? "writev" : "readv", len, strerror(errno));
+        default:
+            return tern__error(TERN_ERR_ACCESS,
+                               "%s: %zu bytes at %#llx on peer %u: %zu copied, then %s (a region "
+                               "its owner has unregistered, or a bad local buffer)",
+                               what, len, (unsigned long long)raddr, ep->base.peer, done,
+                               strerror(errno));
+        }
+    }
+    return TERN_OK;
+}
+
+/* Whether a put or get of buf on ep may go by cma_copy. */
+static bool cma_usable(const ucx_ep_t *ep, const ucx_rkey_t *rk, const tern_op_params_t *params)
+{
+    return ep->cma_pid > 0 && rk->host && mem_type_of(params) == UCS_MEMORY_TYPE_HOST;
+}
+
 static void ep_notice_connect(ucx_ep_t *ep, uint32_t pid, uint64_t key)
 {
     ucx_tp_t *tp = ep->tp;
@@ -1474,6 +1563,7 @@ static void ep_notice_connect(ucx_ep_t *ep, uint32_t pid, uint64_t key)
         return;
     }
     ep->nfd = fd;
+    cma_attach(ep, fd);
 }
 
 /* Send ep's BYE on its notice channel: the next seq, and (up to
@@ -2158,6 +2248,7 @@ static tern_status_t ucx_put(tern_ep_t *bep, const void *buf, size_t len, uint64
     ucx_ep_t *ep = to_ucx_ep(bep);
     ucx_rkey_t *rk = to_ucx_rkey(brk);
     const bool has_imm = (params->field_mask & TERN_OP_PARAM_IMM) != 0;
+    bool moved = false;
     ucp_request_param_t p;
     ucs_status_ptr_t sp;
     ucx_op_t *op;
@@ -2169,13 +2260,22 @@ static tern_status_t ucx_put(tern_ep_t *bep, const void *buf, size_t len, uint64
         return st;
     if (len == 0 && !has_imm)
         return TERN_OK;
+    if (len > 0 && cma_usable(ep, rk, params)) {
+        st = cma_copy(ep, (void *)buf, len, raddr, true);
+        if (st == TERN_OK && !has_imm)
+            return TERN_OK;
+        if (st == TERN_OK)
+            moved = true; /* the flush (earlier puts through UCX) and the notify follow */
+        else if (st != TERN_ERR_UNSUPPORTED)
+            return st;
+    }
     if ((op = op_new(ep->tp, ep, has_imm ? OP_PUT_IMM : OP_PUT, params)) == NULL)
         return tern__error(TERN_ERR_NO_MEMORY, "tern_ep_put: no memory for the operation");
     op->imm = has_imm ? params->imm : 0;
     op->len = len;
     op->pending = 1;
     p = op_param(op);
-    if (len > 0) {
+    if (len > 0 && !moved) {
         ucp_request_param_t pp = p;
         pp.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMORY_TYPE;
         pp.memory_type = mem_type_of(params);
@@ -2188,7 +2288,7 @@ static tern_status_t ucx_put(tern_ep_t *bep, const void *buf, size_t len, uint64
         op_track(op, sp);
     }
     sp = ucp_ep_flush_nbx(ep->uep, &p);
-    if (UCS_PTR_IS_ERR(sp) && len == 0) {
+    if (UCS_PTR_IS_ERR(sp) && (len == 0 || moved)) {
         op_free(op);
         return tern__error(status_of(UCS_PTR_STATUS(sp)), "ucp_ep_flush_nbx: %s",
                            ucs_status_string(UCS_PTR_STATUS(sp)));
@@ -2213,6 +2313,9 @@ static tern_status_t ucx_get(tern_ep_t *bep, void *buf, size_t len, uint64_t rad
         return st;
     if (len == 0)
         return TERN_OK;
+    if (cma_usable(ep, rk, params) &&
+        (st = cma_copy(ep, buf, len, raddr, false)) != TERN_ERR_UNSUPPORTED)
+        return st;
     if ((op = op_new(ep->tp, ep, OP_GET, params)) == NULL)
         return tern__error(TERN_ERR_NO_MEMORY, "tern_ep_get: no memory for the operation");
     op->len = len;
@@ -2325,7 +2428,8 @@ static tern_status_t ucx_mr_pack(const tern_mr_t *bmr, void *buf, size_t *len)
     tern__put_le16(b + 6, RKEY_HDR_LEN);
     tern__put_le64(b + 8, (uint64_t)(uintptr_t)mr->base.addr);
     tern__put_le64(b + 16, mr->base.len);
-    tern__put_le32(b + 24, mr->base.access);
+    tern__put_le32(b + 24,
+                   mr->base.access | (mr->base.mem_type == TERN_MEM_HOST ? RKEY_F_HOST : 0));
     tern__put_le32(b + 28, mr->id);
     tern__put_le32(b + 32, (uint32_t)mr->rkey_len);
     if (mr->rkey_len > 0)
@@ -2368,7 +2472,7 @@ static tern_status_t ucx_rkey_unpack(tern_ep_t *bep, const void *buf, size_t len
                            ulen, len - RKEY_HDR_LEN);
     if (fnv1a(fnv1a(FNV_SEED, b, 36), b + RKEY_HDR_LEN, ulen) != tern__get_le32(b + 36))
         return tern__error(TERN_ERR_INVALID_PARAM, "ucx: remote key checksum mismatch (damaged)");
-    if ((access & ~all) != 0 || access == 0 || base > UINT64_MAX - rlen ||
+    if ((access & ~(all | RKEY_F_HOST)) != 0 || (access & all) == 0 || base > UINT64_MAX - rlen ||
         (uint64_t)(size_t)rlen != rlen || (rlen == 0) != (ulen == 0))
         return tern__error(TERN_ERR_INVALID_PARAM,
                            "ucx: remote key describes no valid region (base %#llx, %llu bytes, "
@@ -2390,7 +2494,8 @@ static tern_status_t ucx_rkey_unpack(tern_ep_t *bep, const void *buf, size_t len
     rk->base.ep = bep;
     rk->base.addr = base;
     rk->base.len = (size_t)rlen;
-    rk->access = access;
+    rk->access = access & all;
+    rk->host = (access & RKEY_F_HOST) != 0;
     rk->reg_id = tern__get_le32(b + 28);
     link_add_tail(&ep->rkeys, &rk->link);
     *rkey_out = &rk->base;
@@ -2567,6 +2672,7 @@ static tern_status_t ucx_open(const tern__tp_config_t *cfg, tern_transport_t **t
     tp->epfd = -1;
     tp->lfd = -1;
     tp->peer_mode = true;
+    tp->cma = cfg->ucx_cma;
     link_init(&tp->notice_conns);
     link_init(&tp->eps);
     link_init(&tp->zombie_eps);
