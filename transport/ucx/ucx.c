@@ -20,6 +20,8 @@
  *   put+imm   the above, then a notify AM: the target raises TERN_EVENT_PUT_IMM
  *             only after the data is in place
  *   get       ucp_get_nbx
+ *             (a peer process on this host: process_vm_readv/writev for get
+ *             and put, one copy; see cma_copy)
  *   mr        ucp_mem_map of the caller's range + ucp_rkey_pack behind a tern header
  *             (base, length, access, registration id, checksum)
  *
