@@ -82,11 +82,12 @@ static const field_t fields[] = {
      .offset = OFF(tcp_zcopy),
      .doc = "tcp provider: put payloads and get replies at least this large go to the socket "
             "by vmsplice/splice, without a copy; 0 turns it off"},
-    {.name = "TERN_UCX_CMA", .group = "tern", .type = FIELD_BOOL, .dflt = "yes",
+    {.name = "TERN_UCX_CMA", .group = "tern", .type = FIELD_SIZE, .dflt = "128k",
      .offset = OFF(ucx_cma),
-     .doc = "ucx provider: host-memory puts and gets to a peer process on this host (those with "
-            "a notice channel: UCX_TLS=sm) copy once, by process_vm_readv/writev, instead of "
-            "twice through UCX's shared-memory FIFO"},
+     .doc = "ucx provider: host-memory puts and gets at least this large to a peer process on "
+            "this host (those with a notice channel: UCX_TLS=sm) copy once, by "
+            "process_vm_readv/writev, instead of twice through UCX's shared-memory FIFO; 0 turns "
+            "it off"},
     {.name = "TERN_EAGER_LIMIT", .group = "tern", .type = FIELD_SIZE, .dflt = "16k",
      .offset = OFF(eager_limit),
      .doc = "p2p messages up to this size go eagerly (one copy at the receiver); larger ones "

@@ -47,7 +47,7 @@ typedef struct tern__config {
     int64_t poll;      /* 0 blocking, 1 busy */
     uint64_t tcp_sockbuf;
     uint64_t tcp_zcopy;
-    bool ucx_cma;
+    uint64_t ucx_cma;
     uint64_t eager_limit;
     uint64_t unexpected_max;
     /* collectives: algorithm overrides (0 = auto; then each enum's order) */

@@ -8,4 +8,4 @@ foreach(tls tcp sm)
 endforeach()
 add_test(NAME test_ucx_smoke_sm_nocma COMMAND test_ucx_smoke_sm)
 set_tests_properties(test_ucx_smoke_sm_nocma PROPERTIES TIMEOUT 300 LABELS "transport;ucx" SKIP_RETURN_CODE 77
-  ENVIRONMENT "UCX_TLS=sm;TERN_UCX_CMA=no;UCX_NET_DEVICES=lo;TERN_LOG=warn")
+  ENVIRONMENT "UCX_TLS=sm;TERN_UCX_CMA=0;UCX_NET_DEVICES=lo;TERN_LOG=warn")

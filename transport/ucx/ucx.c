@@ -370,7 +370,7 @@ struct ucx_tp {
     bool notice_due;  /* look at the notice sockets on the next progress */
     bool peer_mode;   /* try UCP_ERR_HANDLING_MODE_PEER (cleared once it fails) */
     bool in_progress; /* ucx_progress is running (a callback must not re-enter it) */
-    bool cma;         /* TERN_UCX_CMA: puts and gets to same-host peers by cma_copy */
+    size_t cma_min;   /* TERN_UCX_CMA: puts and gets this large to same-host peers by cma_copy */
     uint8_t *addr;
     size_t addr_len;
     link_t eps, zombie_eps, lost, linger, done, orphan_entries, dirty;
@@ -1482,7 +1482,7 @@ static void cma_attach(ucx_ep_t *ep, int fd)
     struct ucred cr;
     socklen_t len = sizeof(cr);
 
-    if (!ep->tp->cma)
+    if (ep->tp->cma_min == 0)
         return;
     if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &len) != 0 || cr.pid <= 0 ||
         cr.uid != geteuid()) {
@@ -1539,10 +1539,16 @@ static tern_status_t cma_copy(ucx_ep_t *ep, void *buf, size_t len, uint64_t radd
     return TERN_OK;
 }
 
-/* Whether a put or get of buf on ep may go by cma_copy. */
-static bool cma_usable(const ucx_ep_t *ep, const ucx_rkey_t *rk, const tern_op_params_t *params)
+/* Whether a put or get of len bytes on ep goes by cma_copy. Below
+ * TERN_UCX_CMA, UCX's two copies on two CPUs, asynchronous, beat one on the
+ * initiator's when the target has a CPU to spare: tern-perf bw on sm was
+ * 2x faster through UCX at 32 KiB, even at 128 KiB, 1.3-1.7x slower at
+ * 256-512 KiB (docs/perf.md). */
+static bool cma_usable(const ucx_ep_t *ep, const ucx_rkey_t *rk, size_t len,
+                       const tern_op_params_t *params)
 {
-    return ep->cma_pid > 0 && rk->host && mem_type_of(params) == UCS_MEMORY_TYPE_HOST;
+    return ep->cma_pid > 0 && len >= ep->tp->cma_min && rk->host &&
+           mem_type_of(params) == UCS_MEMORY_TYPE_HOST;
 }
 
 static void ep_notice_connect(ucx_ep_t *ep, uint32_t pid, uint64_t key)
@@ -2262,7 +2268,7 @@ static tern_status_t ucx_put(tern_ep_t *bep, const void *buf, size_t len, uint64
         return st;
     if (len == 0 && !has_imm)
         return TERN_OK;
-    if (len > 0 && cma_usable(ep, rk, params)) {
+    if (len > 0 && cma_usable(ep, rk, len, params)) {
         st = cma_copy(ep, (void *)buf, len, raddr, true);
         if (st == TERN_OK && !has_imm)
             return TERN_OK;
@@ -2315,7 +2321,7 @@ static tern_status_t ucx_get(tern_ep_t *bep, void *buf, size_t len, uint64_t rad
         return st;
     if (len == 0)
         return TERN_OK;
-    if (cma_usable(ep, rk, params) &&
+    if (cma_usable(ep, rk, len, params) &&
         (st = cma_copy(ep, buf, len, raddr, false)) != TERN_ERR_UNSUPPORTED)
         return st;
     if ((op = op_new(ep->tp, ep, OP_GET, params)) == NULL)
@@ -2674,7 +2680,7 @@ static tern_status_t ucx_open(const tern__tp_config_t *cfg, tern_transport_t **t
     tp->epfd = -1;
     tp->lfd = -1;
     tp->peer_mode = true;
-    tp->cma = cfg->ucx_cma;
+    tp->cma_min = cfg->ucx_cma;
     link_init(&tp->notice_conns);
     link_init(&tp->eps);
     link_init(&tp->zombie_eps);
