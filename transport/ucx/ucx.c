@@ -1461,7 +1461,6 @@ static void notice_fill(uint8_t *d, uint8_t type, uint32_t src, uint32_t conn, u
     tern__put_le32(d + 16, n);
 }
 
-/* Connect ep's notice channel to the peer's listener and say which endpoint it is. */
 /* ---- puts and gets to a peer on this host ----
  *
  * UCX 1.13 runs ucp_put_nbx and ucp_get_nbx between processes on one host as
@@ -1542,8 +1541,8 @@ static tern_status_t cma_copy(ucx_ep_t *ep, void *buf, size_t len, uint64_t radd
 /* Whether a put or get of len bytes on ep goes by cma_copy. Below
  * TERN_UCX_CMA, UCX's two copies on two CPUs, asynchronous, beat one on the
  * initiator's when the target has a CPU to spare: tern-perf bw on sm was
- * 2x faster through UCX at 32 KiB, even at 128 KiB, 1.3-1.7x slower at
- * 256-512 KiB (docs/perf.md). */
+ * 2x faster through UCX at 32 KiB, about even at 128 KiB, 1.3-1.7x slower
+ * at 256-512 KiB (docs/transport-ucx.md). */
 static bool cma_usable(const ucx_ep_t *ep, const ucx_rkey_t *rk, size_t len,
                        const tern_op_params_t *params)
 {
@@ -1551,6 +1550,7 @@ static bool cma_usable(const ucx_ep_t *ep, const ucx_rkey_t *rk, size_t len,
            mem_type_of(params) == UCS_MEMORY_TYPE_HOST;
 }
 
+/* Connect ep's notice channel to the peer's listener and say which endpoint it is. */
 static void ep_notice_connect(ucx_ep_t *ep, uint32_t pid, uint64_t key)
 {
     ucx_tp_t *tp = ep->tp;
@@ -2418,7 +2418,7 @@ static void ucx_mr_dereg(tern_mr_t *bmr)
 
 /* The packed key: a 40-byte tern header, then UCX's packed rkey.
  *   0 u32 magic  4 u16 version  6 u16 header length  8 u64 base  16 u64 length
- *  24 u32 access  28 u32 registration id  32 u32 UCX rkey length  36 u32 checksum */
+ *  24 u32 access (| RKEY_F_HOST)  28 u32 registration id  32 u32 UCX rkey length  36 u32 checksum */
 static tern_status_t ucx_mr_pack(const tern_mr_t *bmr, void *buf, size_t *len)
 {
     const ucx_mr_t *mr = to_ucx_mr(bmr);
