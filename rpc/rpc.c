@@ -1340,7 +1340,6 @@ static void handle_request(rpc_t *rpc, int src, uint32_t imm, const hdr_t *h,
     char why[MAX_ERROR];
     call_t *c = NULL;
     tin_t *tin = NULL;
-    bool pulled = false; /* an argument came by rendezvous: the caller hears M_PULLED */
 
     if (h->text_len > TERN_RPC_NAME_MAX || h->ntensors > MAX_TENSORS ||
         h->nrrefs > MAX_RREFS || h->blob_len > MAX_BLOB ||
@@ -1447,7 +1446,6 @@ static void handle_request(rpc_t *rpc, int src, uint32_t imm, const hdr_t *h,
     c->value.blob_len = h->blob_len;
     for (uint32_t i = 0; i < h->ntensors; i++) {
         if (tin[i].rndv) {
-            pulled = true;
             st = start_pull(rpc, src, &tin[i], &c->bufs[c->nbufs], &c->mrs[c->nbufs], c, NULL,
                             &c->gets);
             c->nbufs++;
@@ -1462,7 +1460,7 @@ static void handle_request(rpc_t *rpc, int src, uint32_t imm, const hdr_t *h,
     tin = NULL;
     c->value.tensors = c->args;
     c->value.ntensors = h->ntensors;
-    if (c->gets > 0 || pulled) {
+    if (c->nbufs > 0) { /* an argument came by rendezvous: the caller hears M_PULLED */
         rpc->pulling++;
         if (c->gets == 0)
             call_pulled(rpc, c); /* every pull completed as it was posted */
@@ -1479,7 +1477,7 @@ fail:
     }
     if (c->error == NULL)
         c->error = strdup(why);
-    if (c->gets > 0 || pulled) {
+    if (c->nbufs > 0) {
         /* pulls already started finish first, then fail the call */
         if (c->get_status == TERN_OK)
             c->get_status = st;
@@ -1865,10 +1863,8 @@ static void handle_reply(rpc_t *rpc, int src, const hdr_t *h, const uint8_t *dat
     }
     f->receiving = true;
     f->status = TERN_OK;
-    bool pulled = false;
     for (uint32_t i = 0; i < h->ntensors && st == TERN_OK; i++) {
         if (tin[i].rndv) {
-            pulled = true;
             st = start_pull(rpc, src, &tin[i], &f->bufs[f->nbufs], &f->mrs[f->nbufs], NULL, f,
                             &f->gets);
             f->nbufs++;
@@ -1881,7 +1877,7 @@ static void handle_reply(rpc_t *rpc, int src, const hdr_t *h, const uint8_t *dat
         rpc->pulling++;
         return;
     }
-    if (st != TERN_OK || pulled) {
+    if (st != TERN_OK || f->nbufs > 0) {
         /* No pull in flight: release whatever the target holds for us. */
         rpc->pulling++;
         future_pulled(rpc, f);
