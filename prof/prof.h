@@ -72,8 +72,6 @@ typedef struct tern__prof_op {
 void tern__prof_op_begin(tern__prof_op_t *op, struct tern__comm *comm, int peer, unsigned kind,
                          const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 
-/* File op's event, ending now, with the remote events of its reply (wire
- * form, may be NULL): named "<op>#remote_op: <name>", children of op. */
 /* As tern__prof_op_begin, with a name already made (malloc'ed; taken over,
  * NULL: not profiled). Formatting costs a profiled RPC more than the rest
  * of its recording, so RPCs build their names with tern__prof_concat. */
@@ -82,6 +80,8 @@ void tern__prof_op_begin_named(tern__prof_op_t *op, struct tern__comm *comm, int
 /* parts[0..n) (n <= 16) joined into a new malloc'ed string, or NULL. */
 char *tern__prof_concat(const char *const *parts, size_t n);
 
+/* File op's event, ending now, with the remote events of its reply (wire
+ * form, may be NULL): named "<op>#remote_op: <name>", children of op. */
 void tern__prof_op_end(tern__prof_op_t *op, uint64_t bytes, const uint8_t *events, size_t len);
 void tern__prof_op_drop(tern__prof_op_t *op);
 
