@@ -1498,6 +1498,7 @@ static void cma_attach(ucx_ep_t *ep, int fd)
 static tern_status_t cma_copy(ucx_ep_t *ep, void *buf, size_t len, uint64_t raddr, bool write)
 {
     const char *what = write ? "tern_ep_put" : "tern_ep_get";
+    const char *call = write ? "process_vm_writev" : "process_vm_readv";
     size_t done = 0;
 
     while (done < len) {
@@ -1516,17 +1517,16 @@ static tern_status_t cma_copy(ucx_ep_t *ep, void *buf, size_t len, uint64_t radd
         switch (errno) {
         case EPERM:
         case ENOSYS:
-            tern_info("ucx: process_vm_%s to peer %u (pid %d) refused (%s): its puts and gets go "
-                      "through UCX",
-                      write ? "writev" : "readv", ep->base.peer, (int)ep->cma_pid, strerror(errno));
+            tern_info("ucx: %s to peer %u (pid %d) refused (%s): its puts and gets go through UCX",
+                      call, ep->base.peer, (int)ep->cma_pid, strerror(errno));
             ep->cma_pid = 0;
             return TERN_ERR_UNSUPPORTED;
         case ESRCH:
             return tern__error(TERN_ERR_PEER_LOST, "%s: peer %u's process (pid %d) is gone", what,
                                ep->base.peer, (int)ep->cma_pid);
         case ENOMEM:
-            return tern__error(TERN_ERR_NO_MEMORY, "%s: process_vm_%s of %zu bytes: %s", what,
-                               write ? "writev" : "readv", len, strerror(errno));
+            return tern__error(TERN_ERR_NO_MEMORY, "%s: %s of %zu bytes: %s", what, call, len,
+                               strerror(errno));
         default:
             return tern__error(TERN_ERR_ACCESS,
                                "%s: %zu bytes at %#llx on peer %u: %zu copied, then %s (a region "
