@@ -76,7 +76,11 @@ typedef struct tern__coll {
     atomic_flag busy;    /* one thread advances it at a time */
     tern_status_t failing; /* set once it failed: withdraw what is posted, then finish */
     char detail[256];
-    uint64_t last_move;  /* clock of the last step that finished */
+    /* When a step last finished, as the first idle look at the clock after it
+     * saw it (0: not looked yet): reading the clock as steps finish cost a
+     * tenth of a small all_reduce, and the timeout is milliseconds. */
+    uint64_t last_move;
+    bool moved;          /* steps finished since the last look */
     int64_t timeout_ns;
     atomic_int reported;      /* a peer's ABORT for this call arrived: its status (detail under the lock) */
     char reported_detail[200];

@@ -257,19 +257,47 @@ static const char *step_verb(const step_t *s)
     return s->kind == STEP_SEND ? "sending to" : "receiving from";
 }
 
-/* A posted step's request completed: take its outcome. */
-static void reap(tern__coll_t *c, step_t *s)
+/*
+ * The comm lock as the engine holds it. A run of posts and reaps shares one
+ * hold (a small all_reduce took the lock eight times, a tenth of its time);
+ * local steps (a reduction may take milliseconds: the transport must move
+ * meanwhile), failure reports and the profiler run without it.
+ */
+typedef struct hold {
+    tern__comm_t *comm;
+    bool held;
+} hold_t;
+
+static void hold_take(hold_t *h)
 {
-    tern__comm_t *comm = c->g->comm;
+    if (!h->held) {
+        tern__comm_lock(h->comm);
+        h->held = true;
+    }
+}
+
+static void hold_drop(hold_t *h)
+{
+    if (h->held) {
+        pthread_mutex_unlock(&h->comm->lock);
+        h->held = false;
+    }
+}
+
+/* A posted step's request completed: take its outcome. */
+static void reap(tern__coll_t *c, step_t *s, hold_t *h)
+{
     tern_msg_info_t info;
     tern_status_t st;
 
-    tern__comm_lock(comm);
-    st = tern__req_release(comm, s->req, &info);
-    pthread_mutex_unlock(&comm->lock);
+    hold_take(h);
+    st = tern__req_release(h->comm, s->req, &info);
     s->req = NULL;
     s->state = STEP_DONE;
     int w = c->g->world[s->peer];
+    if (st == TERN_OK && (s->kind != STEP_RECV || info.len == s->n))
+        return;
+    hold_drop(h);
     if (st == TERN_ERR_CANCELED && c->failing != TERN_OK)
         return;
     if (s->kind == STEP_RECV && (st == TERN_ERR_TRUNCATED || (st == TERN_OK && info.len != s->n))) {
@@ -298,7 +326,7 @@ static void prof_step(tern__coll_t *c, step_t *s, tern__prof_op_t *op)
 }
 
 /* Start a step whose inputs are ready. */
-static void launch(tern__coll_t *c, step_t *s)
+static void launch(tern__coll_t *c, step_t *s, hold_t *h)
 {
     tern__comm_t *comm = c->g->comm;
     tern_status_t st = TERN_OK;
@@ -310,33 +338,45 @@ static void launch(tern__coll_t *c, step_t *s)
     case STEP_RECV:
         w = c->g->world[s->peer];
         memset(&op, 0, sizeof(op));
-        if (c->req.prof.name != NULL)
+        if (c->req.prof.name != NULL) {
+            hold_drop(h);
             tern__prof_op_begin(&op, comm, w, TERN_PROF_KIND_P2P, "%s %s", c->op_name,
                                 s->kind == STEP_SEND ? "send" : "recv");
+        }
+        hold_take(h);
         if (s->kind == STEP_SEND)
-            st = tern__p2p_isend(comm, c->g->cid, s->a, s->n, w, (int)wire_tag(c, s), &s->req);
+            st = tern__p2p_isend_locked(comm, c->g->cid, s->a, s->n, w, (int)wire_tag(c, s),
+                                        &s->req);
         else
-            st = tern__p2p_irecv(comm, c->g->cid, s->dst, s->n, w, (int)wire_tag(c, s), &s->req);
+            st = tern__p2p_irecv_locked(comm, c->g->cid, s->dst, s->n, w, (int)wire_tag(c, s),
+                                        &s->req);
         if (st != TERN_OK) {
+            hold_drop(h);
             tern__prof_op_drop(&op);
             s->state = STEP_DONE;
             fail(c, st, "%s rank %d: %s", step_verb(s), w, tern_last_error());
             return;
         }
-        if (op.name != NULL)
+        if (op.name != NULL) {
+            hold_drop(h);
             prof_step(c, s, &op);
+            hold_take(h);
+        }
         s->state = STEP_POSTED;
         if (atomic_load_explicit(&s->req->done, memory_order_acquire))
-            reap(c, s);
+            reap(c, s, h);
         return;
     case STEP_REDUCE:
+        hold_drop(h);
         st = tern__reduce_par(tern_ctx_pool(c->g->ctx), c->op, c->dtype, s->dst, s->a, s->b, s->n);
         break;
     case STEP_COPY:
+        hold_drop(h);
         if (s->n > 0 && s->dst != s->a)
             memcpy(s->dst, s->a, s->n);
         break;
     case STEP_SCALE:
+        hold_drop(h);
         st = tern__reduce_scale(c->dtype, s->dst, s->n, (uint64_t)c->g->size);
         break;
     }
@@ -393,12 +433,20 @@ static void check_health(tern__coll_t *c, uint64_t now)
     }
 }
 
+/* The collectives state (lock held). It exists once any group does, so a
+ * collective in flight never makes it: no lock round of tern__coll_state's
+ * own, three of which were a tenth of a small all_reduce. */
+static coll_state_t *state_locked(tern__comm_t *comm)
+{
+    return comm->coll_state;
+}
+
 /* Hand the outcome to the waiter. After this, c belongs to whoever waits. */
-static void finish(tern__coll_t *c)
+static void finish(tern__coll_t *c, hold_t *h)
 {
     tern__comm_t *comm = c->g->comm;
-    coll_state_t *cs = tern__coll_state(comm);
-    tern__comm_lock(comm);
+    hold_take(h);
+    coll_state_t *cs = state_locked(comm);
     for (tern__coll_t **pp = &cs->active; *pp != NULL; pp = &(*pp)->next) {
         if (*pp == c) {
             *pp = c->next;
@@ -412,21 +460,21 @@ static void finish(tern__coll_t *c)
     }
     atomic_flag_clear(&c->busy);
     tern__req_complete(&c->req, c->failing);
-    pthread_mutex_unlock(&comm->lock);
+    hold_drop(h);
 }
 
-/* Move c on as far as it goes (busy held). Returns true once it finished,
- * after which c must not be touched. */
-static bool advance(tern__coll_t *c, bool check_time)
+/* Move c on as far as it goes (busy held), with h, held or not, as the
+ * caller's hold of the lock; it may come back either way. Returns true once c
+ * finished, after which c must not be touched. */
+static bool advance(tern__coll_t *c, bool check_time, hold_t *h)
 {
     bool moved, any = false;
     if (c->failing == TERN_OK && atomic_load_explicit(&c->reported, memory_order_relaxed) != TERN_OK) {
         char why[200];
-        tern__comm_t *comm = c->g->comm;
-        tern__comm_lock(comm);
+        hold_take(h);
         snprintf(why, sizeof(why), "%s", c->reported_detail);
         tern_status_t st = (tern_status_t)atomic_load(&c->reported);
-        pthread_mutex_unlock(&comm->lock);
+        hold_drop(h);
         fail_as(c, st, false, why);
     }
     do {
@@ -436,10 +484,10 @@ static bool advance(tern__coll_t *c, bool check_time)
             if (s->state == STEP_POSTED) {
                 if (!atomic_load_explicit(&s->req->done, memory_order_acquire))
                     continue;
-                reap(c, s);
+                reap(c, s, h);
                 moved = true;
             } else if (s->state == STEP_IDLE && c->failing == TERN_OK && ready(c, s)) {
-                launch(c, s);
+                launch(c, s, h);
                 moved = true;
             }
             if (s->state == STEP_DONE && i == c->first)
@@ -452,17 +500,21 @@ static bool advance(tern__coll_t *c, bool check_time)
     for (size_t i = c->first; i < c->nsteps && !outstanding; i++)
         outstanding = c->steps[i].state == STEP_POSTED;
     if ((c->failing == TERN_OK && c->first == c->nsteps) || (c->failing != TERN_OK && !outstanding)) {
-        finish(c);
+        finish(c, h);
         return true;
     }
-    if (any || check_time) {
+    c->moved |= any;
+    if (check_time) {
+        hold_drop(h); /* check_health may fail c, which takes the lock */
         uint64_t now = tern_clock_ns();
-        if (any || c->last_move == 0)
+        if (c->moved || c->last_move == 0) {
             c->last_move = now;
-        else if (c->failing == TERN_OK)
+            c->moved = false;
+        } else if (c->failing == TERN_OK) {
             check_health(c, now);
+        }
         if (c->failing != TERN_OK && !outstanding) {
-            finish(c);
+            finish(c, h);
             return true;
         }
     }
@@ -471,12 +523,13 @@ static bool advance(tern__coll_t *c, bool check_time)
 
 static void progress_hook(tern__comm_t *comm, bool check_time)
 {
-    coll_state_t *cs = tern__coll_state(comm);
     tern__coll_t *pick[PICK_MAX];
     size_t n = 0;
     bool more = false;
 
-    tern__comm_lock(comm);
+    hold_t h = {.comm = comm};
+    hold_take(&h);
+    coll_state_t *cs = state_locked(comm);
     for (tern__coll_t *c = cs->active; c != NULL; c = c->next) {
         if (n == PICK_MAX) {
             more = true;
@@ -487,10 +540,10 @@ static void progress_hook(tern__comm_t *comm, bool check_time)
         if (!atomic_flag_test_and_set(&c->busy))
             pick[n++] = c;
     }
-    pthread_mutex_unlock(&comm->lock);
     for (size_t i = 0; i < n; i++)
-        if (!advance(pick[i], check_time))
+        if (!advance(pick[i], check_time, &h))
             atomic_flag_clear(&pick[i]->busy);
+    hold_drop(&h);
     if (more)
         atomic_store(&comm->coll_kick, true);
 }
@@ -512,7 +565,7 @@ void tern__coll_install_hooks(tern__comm_t *comm)
 tern_status_t tern__coll_start(tern__coll_t *c, tern_request_t **req)
 {
     tern__comm_t *comm = c->g->comm;
-    coll_state_t *cs = tern__coll_state(comm);
+    coll_state_t *cs;
 
     if (c->oom) {
         tern_status_t st = tern__error(TERN_ERR_NO_MEMORY, "%s: no memory for its schedule",
@@ -523,9 +576,10 @@ tern_status_t tern__coll_start(tern__coll_t *c, tern_request_t **req)
     /* Profiled from here to the request's completion (outside the lock: a
      * profiler op may measure clocks). */
     tern__prof_op_begin(&c->req.prof, comm, -1, TERN_PROF_KIND_COLL, "%s", c->op_name);
-    c->last_move = tern_clock_ns();
     atomic_flag_test_and_set(&c->busy);
-    tern__comm_lock(comm);
+    hold_t h = {.comm = comm};
+    hold_take(&h);
+    cs = state_locked(comm);
     for (unsigned i = 0; i < ABORT_NOTES && i < cs->nnotes; i++) {
         abort_note_t *n = &cs->notes[i];
         if (n->cid == c->g->cid && n->seq == c->seq && n->status != TERN_OK) {
@@ -537,12 +591,16 @@ tern_status_t tern__coll_start(tern__coll_t *c, tern_request_t **req)
     c->next = cs->active;
     cs->active = c;
     atomic_fetch_add(&comm->coll_active, 1);
-    pthread_mutex_unlock(&comm->lock);
-    if (!advance(c, false))
+    /* The first posts go out in this hold of the lock, and a blocking call
+     * waits from it. */
+    if (!advance(c, false, &h))
         atomic_flag_clear(&c->busy);
     if (req != NULL) {
+        hold_drop(&h);
         *req = &c->req;
         return TERN_OK;
     }
+    if (h.held)
+        return tern__request_wait_locked(&c->req, -1, NULL);
     return tern_request_wait(&c->req, -1, NULL);
 }

@@ -222,6 +222,12 @@ tern_status_t tern__p2p_isend(tern__comm_t *comm, uint32_t cid, const void *buf,
                               int dst, int tag, tern_request_t **req);
 tern_status_t tern__p2p_irecv(tern__comm_t *comm, uint32_t cid, void *buf, size_t cap, int src,
                               int tag, tern_request_t **req);
+/* The same with the lock held (req not NULL): a collective posts a run of
+ * them, and reaps what completed, in one hold of the lock. */
+tern_status_t tern__p2p_isend_locked(tern__comm_t *comm, uint32_t cid, const void *buf,
+                                     size_t len, int dst, int tag, tern_request_t **req);
+tern_status_t tern__p2p_irecv_locked(tern__comm_t *comm, uint32_t cid, void *buf, size_t cap,
+                                     int src, int tag, tern_request_t **req);
 /* Withdraw an incomplete request (lock held): a posted receive leaves the
  * posted list, a rendezvous send stops offering its buffer (a later read by
  * the peer fails on the dead key); either completes with TERN_ERR_CANCELED.

@@ -534,18 +534,25 @@ static tern_status_t send_eager(tern__comm_t *comm, uint32_t cid, const void *bu
 tern_status_t tern__p2p_isend(tern__comm_t *comm, uint32_t cid, const void *buf, size_t len,
                               int dst, int tag, tern_request_t **req_out)
 {
+    tern_status_t st;
+    if (req_out == NULL)
+        return tern__error(TERN_ERR_INVALID_PARAM, "isend: NULL request pointer");
+    tern__comm_lock(comm);
+    st = tern__p2p_isend_locked(comm, cid, buf, len, dst, tag, req_out);
+    pthread_mutex_unlock(&comm->lock);
+    return st;
+}
+
+tern_status_t tern__p2p_isend_locked(tern__comm_t *comm, uint32_t cid, const void *buf,
+                                     size_t len, int dst, int tag, tern_request_t **req_out)
+{
     tern_request_t *req;
     tern_status_t st;
 
-    if (req_out == NULL)
-        return tern__error(TERN_ERR_INVALID_PARAM, "isend: NULL request pointer");
     if ((st = check_send(comm, buf, len, dst, tag)) != TERN_OK)
         return st;
-    tern__comm_lock(comm);
-    if ((req = req_new(comm)) == NULL) {
-        pthread_mutex_unlock(&comm->lock);
+    if ((req = req_new(comm)) == NULL)
         return tern__error(TERN_ERR_NO_MEMORY, "isend: no memory");
-    }
     *req = (tern_request_t){.comm = comm, .kind = REQ_SEND, .cid = cid, .peer = dst, .tag = tag,
                             .buf = (void *)buf, .len = len};
     req->info = (tern_msg_info_t){.source = dst, .tag = tag, .len = len};
@@ -581,13 +588,11 @@ tern_status_t tern__p2p_isend(tern__comm_t *comm, uint32_t cid, const void *buf,
         req->next = comm->rndv_sends;
         comm->rndv_sends = req;
     }
-    pthread_mutex_unlock(&comm->lock);
     *req_out = req;
     return TERN_OK;
 fail:
     tern_mr_dereg(req->mr);
     tern__req_free(comm, req);
-    pthread_mutex_unlock(&comm->lock);
     return st;
 }
 
@@ -680,6 +685,13 @@ tern_status_t tern__p2p_irecv(tern__comm_t *comm, uint32_t cid, void *buf, size_
     st = irecv_locked(comm, cid, buf, cap, src, tag, req_out);
     pthread_mutex_unlock(&comm->lock);
     return st;
+}
+
+tern_status_t tern__p2p_irecv_locked(tern__comm_t *comm, uint32_t cid, void *buf, size_t cap,
+                                     int src, int tag, tern_request_t **req_out)
+{
+    tern_status_t st = check_recv(comm, buf, cap, src, tag);
+    return st != TERN_OK ? st : irecv_locked(comm, cid, buf, cap, src, tag, req_out);
 }
 
 /* ---- withdrawing ---- */
