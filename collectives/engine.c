@@ -32,11 +32,27 @@
 
 /* ---- building ---- */
 
+/* What a kept call may keep: a small all_reduce's few steps and bytes, and
+ * a ring's receive slots at the default segment (8 x 512 KiB), which would
+ * otherwise be fresh pages on every call. */
+#define SPARE_STEPS_MAX 1024
+#define SPARE_SCRATCH_MAX (4u << 20)
+
 tern__coll_t *tern__coll_new(tern_group_t *g, const char *op_name, tern_dtype_t dtype,
                              tern_reduce_op_t op)
 {
-    tern__coll_t *c = calloc(1, sizeof(*c));
-    if (c == NULL) {
+    coll_state_t *cs = g->comm->coll_state; /* made with the group */
+    tern__coll_t *c = atomic_exchange_explicit(&cs->spare, NULL, memory_order_acquire);
+    if (c != NULL) {
+        step_t *steps = c->steps;
+        size_t cap = c->cap, kept_cap = c->scratch_cap;
+        void *kept = c->scratch;
+        memset(c, 0, sizeof(*c));
+        c->steps = steps;
+        c->cap = cap;
+        c->kept = kept;
+        c->kept_cap = kept_cap;
+    } else if ((c = calloc(1, sizeof(*c))) == NULL) {
         tern__error(TERN_ERR_NO_MEMORY, "%s: no memory", op_name);
         return NULL;
     }
@@ -54,13 +70,45 @@ tern__coll_t *tern__coll_new(tern_group_t *g, const char *op_name, tern_dtype_t 
     return c;
 }
 
+static void coll_free(tern__coll_t *c)
+{
+    free(c->steps);
+    free(c->scratch);
+    free(c->kept);
+    free(c);
+}
+
 void tern__coll_discard(tern__coll_t *c)
 {
     if (c == NULL)
         return;
-    free(c->steps);
-    free(c->scratch);
-    free(c);
+    /* Through the request's comm, not the group: a world group is gone once
+     * the context's collectives are torn down, and so is the state (NULL). */
+    coll_state_t *cs = c->req.comm->coll_state;
+    tern__coll_t *none = NULL;
+    if (c->scratch == NULL) { /* this call needed none: keep the last one's */
+        c->scratch = c->kept;
+        c->scratch_cap = c->kept_cap;
+        c->kept = NULL;
+    }
+    free(c->kept);
+    c->kept = NULL;
+    if (c->scratch_cap > SPARE_SCRATCH_MAX) {
+        free(c->scratch);
+        c->scratch = NULL;
+        c->scratch_cap = 0;
+    }
+    if (cs == NULL || c->cap > SPARE_STEPS_MAX ||
+        !atomic_compare_exchange_strong_explicit(&cs->spare, &none, c, memory_order_release,
+                                                 memory_order_relaxed))
+        coll_free(c);
+}
+
+void tern__coll_free_spare(coll_state_t *cs)
+{
+    tern__coll_t *c = atomic_exchange(&cs->spare, NULL);
+    if (c != NULL)
+        coll_free(c);
 }
 
 void *tern__coll_scratch(tern__coll_t *c, size_t bytes)
@@ -68,9 +116,18 @@ void *tern__coll_scratch(tern__coll_t *c, size_t bytes)
     /* One block per call: the builders carve it up themselves. */
     if (c->scratch != NULL || bytes == 0)
         return c->scratch;
-    c->scratch = malloc(bytes);
-    if (c->scratch == NULL)
+    if (c->kept != NULL && c->kept_cap >= bytes) {
+        c->scratch = c->kept;
+        c->scratch_cap = c->kept_cap;
+        c->kept = NULL;
+        return c->scratch;
+    }
+    free(c->kept);
+    c->kept = NULL;
+    if ((c->scratch = malloc(bytes)) == NULL)
         c->oom = true;
+    else
+        c->scratch_cap = bytes;
     return c->scratch;
 }
 

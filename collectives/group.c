@@ -28,6 +28,7 @@ static void fini_hook(tern__comm_t *comm)
      * (p2p's teardown cancels what they posted). */
     if (cs->world != NULL)
         group_free(cs->world);
+    tern__coll_free_spare(cs);
     free(cs);
     comm->coll_state = NULL;
 }
