@@ -341,6 +341,16 @@ static void hold_drop(hold_t *h)
     }
 }
 
+/* A local step on this many bytes keeps the hold: it is over in well under
+ * a microsecond, less than letting go and taking the lock again. */
+#define HOLD_LOCAL_MAX 4096
+
+static void hold_drop_for(hold_t *h, size_t bytes)
+{
+    if (bytes > HOLD_LOCAL_MAX)
+        hold_drop(h);
+}
+
 /* A posted step's request completed: take its outcome. */
 static void reap(tern__coll_t *c, step_t *s, hold_t *h)
 {
@@ -424,22 +434,24 @@ static void launch(tern__coll_t *c, step_t *s, hold_t *h)
             reap(c, s, h);
         return;
     case STEP_REDUCE:
-        hold_drop(h);
+        hold_drop_for(h, s->n * tern_dtype_size(c->dtype));
         st = tern__reduce_par(tern_ctx_pool(c->g->ctx), c->op, c->dtype, s->dst, s->a, s->b, s->n);
         break;
     case STEP_COPY:
-        hold_drop(h);
+        hold_drop_for(h, s->n);
         if (s->n > 0 && s->dst != s->a)
             memcpy(s->dst, s->a, s->n);
         break;
     case STEP_SCALE:
-        hold_drop(h);
+        hold_drop_for(h, s->n * tern_dtype_size(c->dtype));
         st = tern__reduce_scale(c->dtype, s->dst, s->n, (uint64_t)c->g->size);
         break;
     }
     s->state = STEP_DONE;
-    if (st != TERN_OK)
+    if (st != TERN_OK) {
+        hold_drop(h);
         fail(c, st, "local step: %s", tern_last_error());
+    }
 }
 
 /* Peers of posted steps that have not answered, for the timeout's message. */
