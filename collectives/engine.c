@@ -590,13 +590,13 @@ static bool advance(tern__coll_t *c, bool check_time, hold_t *h)
     return false;
 }
 
-static void progress_hook(tern__comm_t *comm, bool check_time)
+static void progress_hook(tern__comm_t *comm, bool check_time, bool locked)
 {
     tern__coll_t *pick[PICK_MAX];
     size_t n = 0;
     bool more = false;
 
-    hold_t h = {.comm = comm};
+    hold_t h = {.comm = comm, .held = locked};
     hold_take(&h);
     coll_state_t *cs = state_locked(comm);
     for (tern__coll_t *c = cs->active; c != NULL; c = c->next) {

@@ -125,13 +125,15 @@ struct tern__comm {
     /* Collectives sit above p2p and hook in here (a call upward would be an
      * undefined symbol for p2p's own tests). coll_active counts collectives in
      * flight; while it is nonzero every request completion sets coll_kick, and
-     * whoever progresses the transport then runs coll_progress (lock NOT
-     * held) to move them on. coll_free releases a finished REQ_COLL request
+     * whoever progresses the transport then runs coll_progress to move them
+     * on: with locked, the caller holds the lock and hands it over (it comes
+     * back released); else the lock is not held. coll_free releases a
+     * finished REQ_COLL request
      * (lock held); coll_fini runs before p2p's own teardown. */
     void *coll_state;
     atomic_uint coll_active;
     atomic_bool coll_kick;
-    void (*coll_progress)(tern__comm_t *comm, bool check_time);
+    void (*coll_progress)(tern__comm_t *comm, bool check_time, bool locked);
     void (*coll_free)(tern_request_t *req);
     void (*coll_fini)(tern__comm_t *comm);
     /* RPC (rpc/) hooks in the same way. rpc_timers counts calls with a
@@ -206,6 +208,10 @@ tern_status_t tern__request_wait_locked(tern_request_t *req, int64_t timeout_ns,
 /* Run the collectives' progress hook if a completion asked for it (lock NOT
  * held); check_time also lets them look at their deadlines. */
 void tern__comm_coll_poll(tern__comm_t *comm, bool check_time);
+/* The same from a holder of the lock, which it lets go either way: a waiter
+ * whose progress just completed a collective's receive moves the collective
+ * on in the same hold. */
+void tern__comm_coll_poll_locked(tern__comm_t *comm, bool check_time);
 
 /* p2p.c: the protocol */
 tern_status_t tern__p2p_init(tern__comm_t *comm);

@@ -145,7 +145,18 @@ void tern__comm_coll_poll(tern__comm_t *comm, bool check_time)
         return;
     bool kicked = atomic_exchange_explicit(&comm->coll_kick, false, memory_order_acq_rel);
     if ((kicked || check_time) && comm->coll_progress != NULL)
-        comm->coll_progress(comm, check_time);
+        comm->coll_progress(comm, check_time, false);
+}
+
+void tern__comm_coll_poll_locked(tern__comm_t *comm, bool check_time)
+{
+    if (atomic_load_explicit(&comm->coll_active, memory_order_relaxed) != 0 &&
+        comm->coll_progress != NULL &&
+        (atomic_exchange_explicit(&comm->coll_kick, false, memory_order_acq_rel) || check_time)) {
+        comm->coll_progress(comm, check_time, true);
+        return;
+    }
+    pthread_mutex_unlock(&comm->lock);
 }
 
 /* ---- progress ---- */
@@ -531,8 +542,7 @@ static wait_end_t wait_loop(tern__comm_t *comm, atomic_int *done, int64_t timeou
             waiter_beat(comm);
         }
         if (n > 0 || (idle += polls) < POLLS_PER_CLOCK) {
-            pthread_mutex_unlock(&comm->lock);
-            tern__comm_coll_poll(comm, false);
+            tern__comm_coll_poll_locked(comm, false);
             if (n == 0 && helper && tern__pool_run_one(pool))
                 continue;
             if (n == 0 && comm->yield_idle)
