@@ -293,8 +293,11 @@ static void allreduce_rab(tern__coll_t *c, const void *sbuf, void *rbuf, size_t 
         steps++;
     }
     int rem = n - p2;
-    /* Receive slots: the fold's whole buffer, then halves, quarters... */
-    char *tmp = tern__coll_scratch(c, 2 * bytes + 32 * es);
+    /* Receive slots: the fold's whole buffer on a rank that takes one in (a
+     * power of two has none: the scratch is then half the size, and a large
+     * call's fresh pages half as many), then halves, quarters... */
+    size_t fold = r < 2 * rem && r % 2 == 1 ? bytes : 0;
+    char *tmp = tern__coll_scratch(c, fold + bytes + 32 * es);
     if (bytes > 0 && tmp == NULL)
         return;
     uint32_t fin_tag = 2u * (uint32_t)steps + 1;
@@ -305,7 +308,7 @@ static void allreduce_rab(tern__coll_t *c, const void *sbuf, void *rbuf, size_t 
     size_t lo = 0, hi = count;
     size_t wlo[32], whi[32];
     int rs_send[32];
-    char *slot = tmp + bytes;
+    char *slot = tmp + fold;
     for (int i = 0, mask = p2 >> 1; mask > 0; mask >>= 1, i++) {
         int pn = newrank ^ mask, peer = pn < rem ? pn * 2 + 1 : pn + rem;
         size_t mid = lo + (hi - lo) / 2;
