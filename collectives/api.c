@@ -17,7 +17,8 @@
 /* Sizes below which latency-bound algorithms win (docs/collectives.md has
  * the measurements behind them). */
 #define AR_RD_MAX (16u * 1024)       /* all_reduce: recursive doubling up to this */
-#define AR_RAB_MAX (1u << 20)        /* all_reduce: then Rabenseifner up to this, then ring */
+#define AR_RAB_MAX (8u << 20)        /* all_reduce: then Rabenseifner up to this, then ring */
+#define AR_RAB_MAX_FOLD (1u << 20)   /* ... on a group of another size than a power of two */
 #define TREE_MAX (256u * 1024)       /* broadcast/reduce: binomial tree up to this */
 #define AG_BRUCK_MAX (64u * 1024)    /* all_gather: Bruck up to this total */
 #define A2A_LINEAR_MAX (256u * 1024) /* all_to_all: everything at once up to this per pair */
@@ -133,8 +134,9 @@ tern_status_t tern_all_reduce(tern_group_t *g, const void *sbuf, void *rbuf, siz
     int algo = (int)cfg_of(g)->coll_algo_allreduce;
     if (algo == AR_AUTO)
         algo = bytes <= AR_RD_MAX || count < (size_t)g->size ? AR_RD
-               : bytes <= AR_RAB_MAX                         ? AR_RAB
-                                                             : AR_RING;
+               : bytes <= ((g->size & (g->size - 1)) == 0 ? AR_RAB_MAX : AR_RAB_MAX_FOLD)
+                   ? AR_RAB
+                   : AR_RING;
     tern__coll_t *c = coll_new(&k, dtype, op);
     if (c == NULL)
         return TERN_ERR_NO_MEMORY;
