@@ -297,7 +297,12 @@ static void allreduce_rab(tern__coll_t *c, const void *sbuf, void *rbuf, size_t 
      * power of two has none: the scratch is then half the size, and a large
      * call's fresh pages half as many), then halves, quarters... */
     size_t fold = r < 2 * rem && r % 2 == 1 ? bytes : 0;
-    char *tmp = tern__coll_scratch(c, fold + bytes + 32 * es);
+    /* Out of place and not folded, the first level receives straight into
+     * the output, whose kept half holds nothing yet, and reduces there: no
+     * slot, and one pass less over the largest half. The later levels' slots
+     * then fit in half the bytes plus one element per level. */
+    bool direct = sbuf != rbuf && r >= 2 * rem;
+    char *tmp = tern__coll_scratch(c, fold + (direct ? bytes / 2 : bytes) + 32 * es);
     if (bytes > 0 && tmp == NULL)
         return;
     uint32_t fin_tag = 2u * (uint32_t)steps + 1;
@@ -321,13 +326,15 @@ static void allreduce_rab(tern__coll_t *c, const void *sbuf, void *rbuf, size_t 
                                      last, -1);
         /* Each level's slot follows the last: they halve (rounding up), so
          * all fit in bytes plus one element per level. */
-        int rcv = tern__coll_recv(c, peer, 1u + (uint32_t)i, slot, (khi - klo) * es, -1, -1);
         void *kept = at(rbuf, klo, es);
+        char *in = direct && i == 0 ? (char *)kept : slot;
+        int rcv = tern__coll_recv(c, peer, 1u + (uint32_t)i, in, (khi - klo) * es, -1, -1);
         const void *own = at(src, klo, es);
-        last = peer < r ? tern__coll_reduce(c, kept, slot, own, khi - klo, rcv, last)
-                        : tern__coll_reduce(c, kept, own, slot, khi - klo, rcv, last);
+        last = peer < r ? tern__coll_reduce(c, kept, in, own, khi - klo, rcv, last)
+                        : tern__coll_reduce(c, kept, own, in, khi - klo, rcv, last);
         src = rbuf;
-        slot += (khi - klo) * es;
+        if (in == slot)
+            slot += (khi - klo) * es;
         lo = klo;
         hi = khi;
     }

@@ -17,8 +17,13 @@
 /* Sizes below which latency-bound algorithms win (docs/collectives.md has
  * the measurements behind them). */
 #define AR_RD_MAX (16u * 1024)       /* all_reduce: recursive doubling up to this */
-#define AR_RAB_MAX (8u << 20)        /* all_reduce: then Rabenseifner up to this, then ring */
-#define AR_RAB_MAX_FOLD (1u << 20)   /* ... on a group of another size than a power of two */
+/* all_reduce: then Rabenseifner up to these (docs/collectives.md has the
+ * measurements), then the ring: on 4, 8, 16... ranks; on 2, where above it the
+ * ring's overlap of reduction and transfer wins; on any other size, where
+ * Rabenseifner first folds whole buffers in. */
+#define AR_RAB_MAX (32u << 20)
+#define AR_RAB_MAX_PAIR (8u << 20)
+#define AR_RAB_MAX_FOLD (1u << 20)
 #define TREE_MAX (256u * 1024)       /* broadcast/reduce: binomial tree up to this */
 #define AG_BRUCK_MAX (64u * 1024)    /* all_gather: Bruck up to this total */
 #define A2A_LINEAR_MAX (256u * 1024) /* all_to_all: everything at once up to this per pair */
@@ -115,6 +120,11 @@ static tern__coll_t *coll_new(const call_t *k, tern_dtype_t dtype, tern_reduce_o
 
 /* ---- all_reduce ---- */
 
+static size_t rab_max(int n)
+{
+    return n == 2 ? AR_RAB_MAX_PAIR : (n & (n - 1)) == 0 ? AR_RAB_MAX : AR_RAB_MAX_FOLD;
+}
+
 tern_status_t tern_all_reduce(tern_group_t *g, const void *sbuf, void *rbuf, size_t count,
                               tern_dtype_t dtype, tern_reduce_op_t op, tern_request_t **req)
 {
@@ -134,9 +144,8 @@ tern_status_t tern_all_reduce(tern_group_t *g, const void *sbuf, void *rbuf, siz
     int algo = (int)cfg_of(g)->coll_algo_allreduce;
     if (algo == AR_AUTO)
         algo = bytes <= AR_RD_MAX || count < (size_t)g->size ? AR_RD
-               : bytes <= ((g->size & (g->size - 1)) == 0 ? AR_RAB_MAX : AR_RAB_MAX_FOLD)
-                   ? AR_RAB
-                   : AR_RING;
+               : bytes <= rab_max(g->size)                   ? AR_RAB
+                                                             : AR_RING;
     tern__coll_t *c = coll_new(&k, dtype, op);
     if (c == NULL)
         return TERN_ERR_NO_MEMORY;
