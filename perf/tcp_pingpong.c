@@ -4,10 +4,20 @@
  * measured against.
  *   tcp-pingpong lat SIZE ITERS          one-way latency (RTT/2): avg and p50 in us
  *   tcp-pingpong bw SIZE ITERS WINDOW    unidirectional bandwidth in GB/s
+ *   tcp-pingpong xchg SIZE ITERS         both sides send SIZE and receive SIZE
+ *                                        at once: avg and p50 of one exchange in us
+ * xchg is the floor under a 2-rank all_reduce of 2 x SIZE over loopback: by
+ * any algorithm each rank sends half the buffer and receives half, twice
+ * (reduce-scatter, all-gather), so it takes at least two exchanges of SIZE.
+ * Each side drives its socket non-blocking from one thread with poll(), as
+ * Open MPI's tcp transport does.
  */
 #include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,13 +37,69 @@ static void tune(int fd)
     setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof(buf));
 }
 
+/* Send sbuf[0..n) and receive rbuf[0..n) on the non-blocking fd at once. */
+static int exchange(int fd, const char *sbuf, char *rbuf, size_t n)
+{
+    size_t out = 0, in = 0;
+    while (out < n || in < n) {
+        struct pollfd p = {.fd = fd, .events = (short)((out < n ? POLLOUT : 0) | (in < n ? POLLIN : 0))};
+        if (poll(&p, 1, -1) < 0 && errno != EINTR)
+            return -1;
+        if (in < n) {
+            ssize_t r = read(fd, rbuf + in, n - in);
+            if (r == 0 || (r < 0 && errno != EAGAIN && errno != EINTR))
+                return -1;
+            in += r > 0 ? (size_t)r : 0;
+        }
+        if (out < n) {
+            ssize_t r = write(fd, sbuf + out, n - out);
+            if (r < 0 && errno != EAGAIN && errno != EINTR)
+                return -1;
+            out += r > 0 ? (size_t)r : 0;
+        }
+    }
+    return 0;
+}
+
+/* xchg: ITERS timed exchanges after a tenth as many untimed, each started by
+ * a 1-byte exchange so the two sides begin together. */
+static int run_xchg(int fd, int timed, size_t size, unsigned warm, unsigned iters)
+{
+    char *sbuf = malloc(size ? size : 1), *rbuf = malloc(size ? size : 1), b = 0;
+    uint64_t *s = calloc(iters, sizeof(*s));
+    if (sbuf == NULL || rbuf == NULL || s == NULL || fcntl(fd, F_SETFL, O_NONBLOCK) != 0)
+        return 1;
+    memset(sbuf, 1, size ? size : 1);
+    for (unsigned i = 0; i < warm + iters; i++) {
+        if (exchange(fd, &b, &b, 1))
+            return 1;
+        uint64_t t = peer_now_ns();
+        if (exchange(fd, sbuf, rbuf, size))
+            return 1;
+        if (i >= warm)
+            s[i - warm] = peer_now_ns() - t;
+    }
+    if (timed) {
+        double sum = 0;
+        for (unsigned i = 0; i < iters; i++)
+            sum += (double)s[i];
+        qsort(s, iters, sizeof(*s), peer_cmp_u64);
+        printf("xchg,%zu,%.3f,%.3f\n", size, sum / iters / 1000.0, (double)s[iters / 2] / 1000.0);
+    }
+    free(s);
+    free(sbuf);
+    free(rbuf);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
-    if (argc < 4 || (strcmp(argv[1], "lat") && strcmp(argv[1], "bw"))) {
-        fprintf(stderr, "usage: %s lat SIZE ITERS | bw SIZE ITERS WINDOW\n", argv[0]);
+    if (argc < 4 || (strcmp(argv[1], "lat") && strcmp(argv[1], "bw") && strcmp(argv[1], "xchg"))) {
+        fprintf(stderr, "usage: %s lat SIZE ITERS | bw SIZE ITERS WINDOW | xchg SIZE ITERS\n",
+                argv[0]);
         return 2;
     }
-    int lat = strcmp(argv[1], "lat") == 0;
+    int lat = strcmp(argv[1], "lat") == 0, xchg = strcmp(argv[1], "xchg") == 0;
     size_t size = strtoull(argv[2], NULL, 10);
     unsigned iters = (unsigned)strtoul(argv[3], NULL, 10);
     unsigned window = argc > 4 ? (unsigned)strtoul(argv[4], NULL, 10) : 64;
@@ -53,6 +119,8 @@ int main(int argc, char **argv)
     if (child == 0) { /* server: echo or sink */
         int fd = accept(lfd, NULL, NULL);
         tune(fd);
+        if (xchg)
+            _exit(run_xchg(fd, 0, size, warm, iters));
         for (unsigned i = 0; i < warm + iters; i++) {
             if (lat) {
                 if (peer_xfer(fd, buf, size, 0) || peer_xfer(fd, buf, size, 1))
@@ -73,6 +141,11 @@ int main(int argc, char **argv)
     if (connect(fd, (struct sockaddr *)&a, sizeof(a))) {
         perror("tcp-pingpong: connect");
         return 1;
+    }
+    if (xchg) {
+        int rc = run_xchg(fd, 1, size, warm, iters);
+        waitpid(child, NULL, 0);
+        return rc;
     }
     uint64_t *s = calloc(iters, sizeof(*s)), t0 = 0;
     /* One clock read per iteration, where tern-perf takes it: a ping-pong's
