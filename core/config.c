@@ -116,6 +116,11 @@ static const field_t fields[] = {
     {.name = "TERN_COLL_SEGMENT", .group = "tern", .type = FIELD_SIZE, .dflt = "512k",
      .offset = OFF(coll_segment),
      .doc = "pipelined collectives (ring, chain) move data in segments of this many bytes"},
+    {.name = "TERN_COLL_EAGER_LIMIT", .group = "tern", .type = FIELD_SIZE, .dflt = "64k",
+     .offset = OFF(coll_eager_limit),
+     .doc = "collectives' messages up to this size go eagerly (a copy at each end), as "
+            "TERN_EAGER_LIMIT does for p2p: below it a rendezvous's round trips cost more "
+            "than the copies"},
     {.name = "TERN_RPC_TIMEOUT", .group = "tern", .type = FIELD_DURATION, .dflt = "60s",
      .offset = OFF(rpc_timeout_ns),
      .doc = "an RPC's timeout when the call names none (tern_rpc_options_t overrides it); "

@@ -105,6 +105,7 @@ struct tern__comm {
     tern_status_t *peer_failed; /* [world]: sticky once a peer is lost */
     /* p2p */
     size_t eager_limit;
+    size_t coll_eager_limit; /* the same for messages of communicators other than 0 */
     size_t credit_per_peer;
     int64_t *credits;         /* [world] eager bytes this rank may still send to each peer */
     size_t *consumed;         /* [world] eager bytes from each peer consumed, not yet returned */

@@ -502,9 +502,10 @@ static tern_status_t check_send(tern__comm_t *comm, const void *buf, size_t len,
     return TERN_OK;
 }
 
-static bool eager_fits(const tern__comm_t *comm, size_t len, int dst)
+static bool eager_fits(const tern__comm_t *comm, uint32_t cid, size_t len, int dst)
 {
-    return len <= comm->eager_limit && comm->credits[dst] >= (int64_t)len;
+    return len <= (cid == 0 ? comm->eager_limit : comm->coll_eager_limit) &&
+           comm->credits[dst] >= (int64_t)len;
 }
 
 /* An eager send (lock held, eager_fits): the payload is copied out, so the
@@ -556,7 +557,7 @@ tern_status_t tern__p2p_isend_locked(tern__comm_t *comm, uint32_t cid, const voi
     *req = (tern_request_t){.comm = comm, .kind = REQ_SEND, .cid = cid, .peer = dst, .tag = tag,
                             .buf = (void *)buf, .len = len};
     req->info = (tern_msg_info_t){.source = dst, .tag = tag, .len = len};
-    if (eager_fits(comm, len, dst)) {
+    if (eager_fits(comm, cid, len, dst)) {
         if ((st = send_eager(comm, cid, buf, len, dst, tag, &req->seq)) != TERN_OK)
             goto fail;
         tern__req_complete(req, TERN_OK); /* the payload is ours now: the buffer is free */
@@ -770,6 +771,9 @@ tern_status_t tern__p2p_init(tern__comm_t *comm)
     comm->eager_limit = cfg->eager_limit;
     if (comm->eager_limit > comm->attr.max_send - EAGER_HDR)
         comm->eager_limit = comm->attr.max_send - EAGER_HDR;
+    comm->coll_eager_limit = cfg->coll_eager_limit;
+    if (comm->coll_eager_limit > comm->attr.max_send - EAGER_HDR)
+        comm->coll_eager_limit = comm->attr.max_send - EAGER_HDR;
     comm->credit_per_peer = cfg->unexpected_max / comm->world;
     comm->credits = calloc(comm->world, sizeof(*comm->credits));
     comm->consumed = calloc(comm->world, sizeof(*comm->consumed));
@@ -911,7 +915,7 @@ tern_status_t tern__p2p_send(tern__comm_t *comm, uint32_t cid, const void *buf, 
     if (st != TERN_OK)
         return st;
     tern__comm_lock(comm);
-    if (eager_fits(comm, len, dst)) {
+    if (eager_fits(comm, cid, len, dst)) {
         st = send_eager(comm, cid, buf, len, dst, tag, seq);
         pthread_mutex_unlock(&comm->lock);
         return st;
