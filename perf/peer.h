@@ -38,16 +38,25 @@ static inline int peer_cmp_u64(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+/* "NAME,SIZE,AVG,P50" in us, from samples in ns (sorted in place) divided
+ * by div: 2 for one way of a round trip. */
+static inline void peer_print_us(const char *name, size_t size, uint64_t *ns, unsigned iters,
+                                 double div)
+{
+    double sum = 0;
+    for (unsigned i = 0; i < iters; i++)
+        sum += (double)ns[i];
+    qsort(ns, iters, sizeof(*ns), peer_cmp_u64);
+    printf("%s,%zu,%.3f,%.3f\n", name, size, sum / iters / 1000.0 / div,
+           (double)ns[iters / 2] / 1000.0 / div);
+    fflush(stdout);
+}
+
 /* "lat,SIZE,AVG,P50": one-way (half the round trip) in us, from round-trip
  * samples in ns (sorted in place). */
 static inline void peer_print_lat(size_t size, uint64_t *rtt_ns, unsigned iters)
 {
-    double sum = 0;
-    for (unsigned i = 0; i < iters; i++)
-        sum += (double)rtt_ns[i];
-    qsort(rtt_ns, iters, sizeof(*rtt_ns), peer_cmp_u64);
-    printf("lat,%zu,%.3f,%.3f\n", size, sum / iters / 2000.0, (double)rtt_ns[iters / 2] / 2000.0);
-    fflush(stdout);
+    peer_print_us("lat", size, rtt_ns, iters, 2.0);
 }
 
 #endif

@@ -79,13 +79,8 @@ static int run_xchg(int fd, int timed, size_t size, unsigned warm, unsigned iter
         if (i >= warm)
             s[i - warm] = peer_now_ns() - t;
     }
-    if (timed) {
-        double sum = 0;
-        for (unsigned i = 0; i < iters; i++)
-            sum += (double)s[i];
-        qsort(s, iters, sizeof(*s), peer_cmp_u64);
-        printf("xchg,%zu,%.3f,%.3f\n", size, sum / iters / 1000.0, (double)s[iters / 2] / 1000.0);
-    }
+    if (timed)
+        peer_print_us("xchg", size, s, iters, 1.0);
     free(s);
     free(sbuf);
     free(rbuf);
