@@ -70,11 +70,12 @@ tern__coll_t *tern__coll_new(tern_group_t *g, const char *op_name, tern_dtype_t 
     return c;
 }
 
+/* A discarded call's kept block has moved to scratch (tern__coll_discard):
+ * steps and scratch are all it holds. */
 static void coll_free(tern__coll_t *c)
 {
     free(c->steps);
     free(c->scratch);
-    free(c->kept);
     free(c);
 }
 
@@ -86,13 +87,13 @@ void tern__coll_discard(tern__coll_t *c)
      * the context's collectives are torn down, and so is the state (NULL). */
     coll_state_t *cs = c->req.comm->coll_state;
     tern__coll_t *none = NULL;
-    if (c->scratch == NULL) { /* this call needed none: keep the last one's */
+    /* A call that asked for scratch took the kept block or freed it
+     * (tern__coll_scratch); one that asked for none keeps it for the next. */
+    if (c->scratch == NULL) {
         c->scratch = c->kept;
         c->scratch_cap = c->kept_cap;
         c->kept = NULL;
     }
-    free(c->kept);
-    c->kept = NULL;
     if (c->scratch_cap > SPARE_SCRATCH_MAX) {
         free(c->scratch);
         c->scratch = NULL;
