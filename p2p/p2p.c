@@ -680,10 +680,8 @@ tern_status_t tern__p2p_irecv(tern__comm_t *comm, uint32_t cid, void *buf, size_
     tern_status_t st;
     if (req_out == NULL)
         return tern__error(TERN_ERR_INVALID_PARAM, "irecv: NULL request pointer");
-    if ((st = check_recv(comm, buf, cap, src, tag)) != TERN_OK)
-        return st;
     tern__comm_lock(comm);
-    st = irecv_locked(comm, cid, buf, cap, src, tag, req_out);
+    st = tern__p2p_irecv_locked(comm, cid, buf, cap, src, tag, req_out);
     pthread_mutex_unlock(&comm->lock);
     return st;
 }
