@@ -129,8 +129,8 @@ struct tern__comm {
      * whoever progresses the transport then runs coll_progress to move them
      * on: with locked, the caller holds the lock and hands it over (it comes
      * back released); else the lock is not held. coll_free releases a
-     * finished REQ_COLL request
-     * (lock held); coll_fini runs before p2p's own teardown. */
+     * finished REQ_COLL request (lock held); coll_fini runs before p2p's own
+     * teardown. */
     void *coll_state;
     atomic_uint coll_active;
     atomic_bool coll_kick;

@@ -3,12 +3,13 @@
  * transport, endpoints made on first use, one progress thread, and waiting.
  *
  * Progress. One mutex guards the transport and the p2p state. A thread that
- * waits on a request first progresses the transport itself while things
- * move and for a short spin after (the lowest latency: no hand-off between threads); while it does, the
- * progress thread stays asleep so the two do not fight over the cores. After
- * the spin (TERN_POLL=blocking) the waiter sleeps on the transport's fd, and
- * the progress thread, idle, does too: whichever wakes first progresses. With
- * TERN_POLL=busy neither sleeps on the fd.
+ * waits on a request first progresses the transport itself, while things
+ * move and for a short spin after (the lowest latency: no hand-off between
+ * threads); while it does, the progress thread stays asleep so the two do
+ * not fight over the cores. After the spin (TERN_POLL=blocking) the waiter
+ * sleeps on the transport's fd, and the progress thread, idle, does too:
+ * whichever wakes first progresses. With TERN_POLL=busy neither sleeps on
+ * the fd.
  */
 #include <errno.h>
 #include <poll.h>
@@ -471,10 +472,10 @@ typedef enum wait_end { WAIT_DONE, WAIT_DONE_LOCKED, WAIT_TIMED_OUT } wait_end_t
 
 /* A waiter's heartbeat, which keeps the progress thread napping: as a wait
  * starts, on every poll that progressed, every POLLS_PER_CLOCK idle polls,
- * and as it ends. A plain store,
- * not an atomic add: a locked instruction on the way out of every wait cost
- * a shared-memory message about 10 ns, and the progress thread only asks
- * whether the count moved, which two waiters racing on it still make it do.
+ * and as it ends. A plain store, not an atomic add: a locked instruction on
+ * the way out of every wait cost a shared-memory message about 10 ns, and
+ * the progress thread only asks whether the count moved, which two waiters
+ * racing on it still make it do.
  * A waiter asleep on the fd beats only as it wakes: the progress thread then
  * polls the fd too, and whichever wakes first progresses. */
 static inline void waiter_beat(tern__comm_t *comm)
@@ -486,8 +487,8 @@ static inline void waiter_beat(tern__comm_t *comm)
 /*
  * The waiter drives progress itself, and the progress thread keeps out of the
  * way: no hand-off between threads on the path of a reply. It spins until
- * SPIN_NS pass without progress; then (TERN_POLL=blocking) it sleeps on the transport's fd, so the kernel
- * wakes it when something arrives. The clock is read only every
+ * SPIN_NS pass without progress; then (TERN_POLL=blocking) it sleeps on the
+ * transport's fd, so the kernel wakes it when something arrives. The clock is read only every
  * POLLS_PER_CLOCK idle polls: most waits end before the first look. With
  * keep_lock, a wait that sees *done right after its own progress returns
  * WAIT_DONE_LOCKED with the lock still held (one round less for the caller);
