@@ -622,9 +622,18 @@ static tern_status_t h_nest(tern_rpc_call_t *call)
     return st;
 }
 
+/* The tag of the go-ahead that --die's rank 0 sends once it has posted
+ * every call it wants outstanding on the victim. */
+#define DIE_GO_TAG 77
+
 static tern_status_t h_die(tern_rpc_call_t *call)
 {
-    (void)call;
+    /* Exit only after the caller says so: otherwise the caller can learn of
+     * the loss before it posts the call meant to queue behind this one, and
+     * that post is then (rightly) refused. */
+    char go;
+    (void)tern_recv(tern_rpc_call_ctx(call), &go, 1, tern_rpc_call_caller(call), DIE_GO_TAG,
+                    NULL);
     fflush(stdout);
     fflush(stderr);
     _exit(0); /* no reply, no finalize: the connections just close */
@@ -1623,6 +1632,10 @@ static int mode_die(void)
     int64_t t0 = (int64_t)tern_clock_ns();
     OK(tern_rpc_async(ctx, vn, "die", NULL, 0, &die));
     OK(tern_rpc_async(ctx, vn, "sleep_ms", &ms, 0, &sleep));
+    /* Its delivery is what ends the victim, so the send may see the loss. */
+    tern_status_t go = tern_send(ctx, "g", 1, victim, DIE_GO_TAG);
+    CHECK(go == TERN_OK || go == TERN_ERR_PEER_LOST, "the go-ahead to %s: %s", vn,
+          tern_status_name(go));
     tern_status_t st = tern_future_wait(die, -1);
     printf("rank 0: die on %s: %s after %.3f s: %s\n", vn, tern_status_name(st), secs_since(t0),
            tern_future_error(die));
@@ -1656,7 +1669,8 @@ static int mode_die(void)
     check_events("a worker that died");
     tern_prof_table_t *t;
     OK(tern_prof_key_averages(0, &t));
-    EXPECT(tern_prof_table_rows(t) == 6, "%zu rows, want 6", tern_prof_table_rows(t));
+    EXPECT(count_events("send") == 1, "the go-ahead's send is an event");
+    EXPECT(tern_prof_table_rows(t) == 7, "%zu rows, want 7", tern_prof_table_rows(t));
     char *buf = table_text(t, NULL);
     check_printed_row("a worker that died", buf, dc, 1, 0);
     EXPECT(strstr(buf, "Self CPU time total: ") != NULL, "the printed table's footer");
