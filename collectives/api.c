@@ -120,9 +120,23 @@ static tern__coll_t *coll_new(const call_t *k, tern_dtype_t dtype, tern_reduce_o
 
 /* ---- all_reduce ---- */
 
-static size_t rab_max(int n)
+/* Whether the members reach each other through shared memory: the whole job
+ * on one host, over a transport that has it there. */
+static bool host_shm(const tern_group_t *g)
 {
-    return n == 2 ? AR_RAB_MAX_PAIR : (n & (n - 1)) == 0 ? AR_RAB_MAX : AR_RAB_MAX_FOLD;
+    return g->comm->attr.host_shm && tern_ctx_local_world_size(g->ctx) == g->comm->world;
+}
+
+static size_t rab_max(const tern_group_t *g)
+{
+    int n = g->size;
+    /* The ring's segments overlap one segment's reduction with the next one's
+     * transfer, which pays over a network path above 8 MiB. Over shared
+     * memory the receiver makes the copy itself, so there is nothing to
+     * overlap, and a pair stays faster with Rabenseifner at every size. */
+    if (n == 2)
+        return host_shm(g) ? SIZE_MAX : AR_RAB_MAX_PAIR;
+    return (n & (n - 1)) == 0 ? AR_RAB_MAX : AR_RAB_MAX_FOLD;
 }
 
 tern_status_t tern_all_reduce(tern_group_t *g, const void *sbuf, void *rbuf, size_t count,
@@ -144,7 +158,7 @@ tern_status_t tern_all_reduce(tern_group_t *g, const void *sbuf, void *rbuf, siz
     int algo = (int)cfg_of(g)->coll_algo_allreduce;
     if (algo == AR_AUTO)
         algo = bytes <= AR_RD_MAX || count < (size_t)g->size ? AR_RD
-               : bytes <= rab_max(g->size)                   ? AR_RAB
+               : bytes <= rab_max(g)                         ? AR_RAB
                                                              : AR_RING;
     tern__coll_t *c = coll_new(&k, dtype, op);
     if (c == NULL)

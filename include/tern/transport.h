@@ -111,6 +111,9 @@ typedef struct tern_transport_attr {
     size_t max_put;       /* largest single put or get */
     size_t addr_len;      /* bytes of this transport's address */
     int busy_poll;
+    int host_shm;         /* peers on this host are reached through shared memory, where a
+                             get is the initiator's own copy (ucx with an sm transport), not
+                             through a network path (tcp, verbs) */
 } tern_transport_attr_t;
 
 /*

@@ -2561,7 +2561,8 @@ static char *ucx_report(const ucp_config_t *config, ucp_context_h ctx)
 /*
  * attr.device: "UCX 1.13.1 (UCX_TLS=sm: sysv/memory,posix/memory,cma/memory)":
  * the UCX_TLS value UCX parsed (from the environment or its config file) and
- * the transport/device resources the context opened with it.
+ * the transport/device resources the context opened with it; and
+ * attr.host_shm, whether one of those is a shared-memory transport.
  */
 static void describe_device(ucx_tp_t *tp, const ucp_config_t *config)
 {
@@ -2569,6 +2570,7 @@ static void describe_device(ucx_tp_t *tp, const ucp_config_t *config)
     char tls[64] = "?", res[128] = "";
     const char *line;
     size_t n = 0;
+    bool full = false;
 
     if (cfg != NULL && (line = strstr(cfg, "UCX_TLS=")) != NULL) {
         line += strlen("UCX_TLS=");
@@ -2580,11 +2582,18 @@ static void describe_device(ucx_tp_t *tp, const ucp_config_t *config)
         if (r == NULL || (eol != NULL && r > eol))
             continue;
         r += 3;
+        /* UCX names the device of its shared-memory transports (sysv, posix,
+         * cma, knem, xpmem) "memory". */
+        if (strncmp(r + strcspn(r, "/ \n"), "/memory", 7) == 0)
+            tp->base.attr.host_shm = 1;
+        if (full)
+            continue; /* the rest still counts for host_shm */
         int w =
             snprintf(res + n, sizeof(res) - n, "%s%.*s", n ? "," : "", (int)strcspn(r, " \n"), r);
         if (w < 0 || (size_t)w >= sizeof(res) - n) {
             res[n] = '\0';
-            break;
+            full = true;
+            continue;
         }
         n += (size_t)w;
     }
