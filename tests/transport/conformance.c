@@ -754,6 +754,18 @@ static void test_addresses(void **state)
     assert_null(ep);
 }
 
+/* host_shm says whether peers on this host are reached through shared
+ * memory: never for tcp; for ucx, exactly when UCX_TLS names sm. */
+static void test_host_shm(void **state)
+{
+    pair_t *p = *state;
+    const char *tls = getenv("UCX_TLS");
+    int want = strcmp(provider, "ucx") == 0 && tls != NULL && strstr(tls, "sm") != NULL;
+    print_message("%s (%s): host_shm %d\n", provider, p->a.attr.device, p->a.attr.host_shm);
+    assert_int_equal(p->a.attr.host_shm, want);
+    assert_int_equal(p->b.attr.host_shm, want);
+}
+
 /* ---- the peer goes away ---- */
 
 static void test_peer_closes_mid_transfer(void **state)
@@ -836,6 +848,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_revoked_key, setup, teardown),
         cmocka_unit_test_setup_teardown(test_local_checks, setup, teardown),
         cmocka_unit_test_setup_teardown(test_addresses, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_host_shm, setup, teardown),
         cmocka_unit_test_setup_teardown(test_peer_closes_mid_transfer, setup, teardown),
     };
     return cmocka_run_group_tests_name(provider, tests, NULL, NULL);
