@@ -47,6 +47,7 @@ typedef struct tern_bench_opts {
     tern_reduce_op_t op; /* all_reduce, reduce, reduce_scatter */
     int root;            /* broadcast, reduce, gather, scatter */
     int check;           /* verify the last timed iteration's results */
+    int inplace;         /* all_reduce: one buffer, input and output (torch's all_reduce) */
 } tern_bench_opts_t;
 
 typedef struct tern_bench_result {

@@ -405,6 +405,9 @@ tern_status_t tern_bench_coll_run(tern_ctx_t *ctx, const tern_bench_opts_t *o, s
         return tern__error(TERN_ERR_INVALID_PARAM, "root %d is not a rank (0..%u)", o->root, n - 1);
     if (is_reduction(t) && (st = tern__reduce_check(o->op, o->dtype)) != TERN_OK)
         return st;
+    if (o->inplace && t != TERN_BENCH_ALLREDUCE)
+        return tern__error(TERN_ERR_INVALID_PARAM, "--inplace is for allreduce, not %s",
+                           tern_bench_name(t));
 
     size_t c;
     res->size = tern_bench_coll_size(t, size, es, n, &c);
@@ -454,7 +457,7 @@ tern_status_t tern_bench_coll_run(tern_ctx_t *ctx, const tern_bench_opts_t *o, s
     /* Buffers of their exact size (malloc's alignment suits every dtype);
      * never NULL, so a count of 0 goes through the call's normal path. */
     call.sbuf = malloc(scount ? scount * es : 1);
-    call.rbuf = malloc(rcount ? rcount * es : 1);
+    call.rbuf = o->inplace ? call.sbuf : malloc(rcount ? rcount * es : 1);
     if (samples == NULL || call.sbuf == NULL || call.rbuf == NULL) {
         st = tern__error(TERN_ERR_NO_MEMORY, "%s: buffers for %zu bytes", tern_bench_name(t),
                          res->size);
@@ -467,7 +470,8 @@ tern_status_t tern_bench_coll_run(tern_ctx_t *ctx, const tern_bench_opts_t *o, s
     else
         for (size_t j = 0; j < scount; j++)
             put_val(&pat, (uint8_t *)call.sbuf + j * es, k, j);
-    memset(call.rbuf, 0, rcount * es);
+    if (!o->inplace)
+        memset(call.rbuf, 0, rcount * es);
     /* Where the result lands on this rank, for the poison and the check. */
     uint8_t *dst =
         t == TERN_BENCH_BROADCAST ? (is_root ? NULL : call.sbuf) : (rcount ? call.rbuf : NULL);
@@ -476,8 +480,15 @@ tern_status_t tern_bench_coll_run(tern_ctx_t *ctx, const tern_bench_opts_t *o, s
     if ((st = tern_barrier(g, NULL)) != TERN_OK)
         goto out;
     for (unsigned i = 0; i < warmup + iters; i++) {
-        if (o->check && i == warmup + iters - 1 && dst != NULL)
-            memset(dst, POISON, out_elems * es);
+        if (o->check && i == warmup + iters - 1 && dst != NULL) {
+            /* In place the earlier calls have summed into the input: the
+             * checked call starts again from the pattern. */
+            if (o->inplace)
+                for (size_t j = 0; j < scount; j++)
+                    put_val(&pat, (uint8_t *)call.sbuf + j * es, k, j);
+            else
+                memset(dst, POISON, out_elems * es);
+        }
         uint64_t t0 = tern_clock_ns();
         if ((st = call_once(&call)) != TERN_OK)
             goto out;
@@ -514,7 +525,8 @@ tern_status_t tern_bench_coll_run(tern_ctx_t *ctx, const tern_bench_opts_t *o, s
     }
 out:
     free(samples);
+    if (call.rbuf != call.sbuf)
+        free(call.rbuf);
     free(call.sbuf);
-    free(call.rbuf);
     return st;
 }

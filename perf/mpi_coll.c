@@ -4,7 +4,7 @@
  * the same CSV with "mpi" as the transport:
  *   mpi-coll TEST [--sizes LIST | --min-size N --max-size M] [--iters N]
  *            [--warmup N] [--dtype f32|f64|i8|i16|i32|i64|u8] [--op sum|prod|max|min]
- *            [--root N] [--format csv]
+ *            [--root N] [--inplace] [--format csv]
  * TEST is allreduce, broadcast, reduce, allgather, reduce_scatter, alltoall,
  * gather, scatter or barrier. Run with mpirun; rank 0 prints. MPI has no avg
  * (or f16/bf16), so this peer has none either. It links nothing of tern's.
@@ -143,7 +143,7 @@ static void usage(void)
 {
     fprintf(stderr, "usage: mpi-coll TEST [--sizes LIST | --min-size N --max-size M] [--iters N]\n"
                     "                [--warmup N] [--dtype f32|f64|i8|i16|i32|i64|u8]\n"
-                    "                [--op sum|prod|max|min] [--root N] [--format csv]\n"
+                    "                [--op sum|prod|max|min] [--root N] [--inplace] [--format csv]\n"
                     "TEST: allreduce broadcast reduce allgather reduce_scatter alltoall gather\n"
                     "      scatter barrier\n");
 }
@@ -157,7 +157,7 @@ int main(int argc, char **argv)
 
     /* Every rank parses the same arguments, so every rank agrees to stop. */
     enum test t = BARRIER;
-    int found = 0, dt = 0, op = 0;
+    int found = 0, dt = 0, op = 0, inplace = 0;
     unsigned iters = 0, warmup = 0, root = 0, nsizes = 0;
     size_t sizes[64], min_size = 1, max_size = 4u << 20;
     const char *bad = NULL;
@@ -168,6 +168,14 @@ int main(int argc, char **argv)
         bad = argc > 1 ? argv[1] : "(no test)";
     for (int i = 2; i < argc && bad == NULL; i += 2) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (strcmp(a, "--inplace") == 0) {
+            /* allreduce with MPI_IN_PLACE: tern-perf's --inplace */
+            inplace = 1;
+            if (t != ALLREDUCE)
+                bad = a;
+            i--; /* takes no value */
+            continue;
+        }
         if (v == NULL) {
             bad = a;
         } else if (strcmp(a, "--sizes") == 0) {
@@ -294,7 +302,10 @@ int main(int argc, char **argv)
             double t0 = MPI_Wtime();
             switch (t) {
             case ALLREDUCE:
-                MPI_Allreduce(sbuf, rbuf, ic, type, mop, MPI_COMM_WORLD);
+                if (inplace)
+                    MPI_Allreduce(MPI_IN_PLACE, sbuf, ic, type, mop, MPI_COMM_WORLD);
+                else
+                    MPI_Allreduce(sbuf, rbuf, ic, type, mop, MPI_COMM_WORLD);
                 break;
             case BROADCAST:
                 MPI_Bcast(sbuf, ic, type, (int)root, MPI_COMM_WORLD);

@@ -63,6 +63,8 @@ static void usage(FILE *f)
             "  --root N             root rank of broadcast, reduce, gather, scatter (default 0)\n"
             "  --check              verify every size's last timed call against a reference\n"
             "                       computed here; exit 1 on a wrong element\n"
+            "  --inplace            allreduce: one buffer for input and output, as\n"
+            "                       torch.distributed's all_reduce (nccl-tests' in-place)\n"
             "clock only:\n"
             "  --samples N          ping-pongs per estimate (default 0: TERN_PROF_CLOCK_SAMPLES)\n"
             "  --skew-rank R        with --skew-ns: rank R alone sets TERN_CLOCK_SKEW_NS=N\n"
@@ -442,6 +444,11 @@ int main(int argc, char **argv)
             coll_opt = 1, coll_arg = a;
             continue;
         }
+        if (strcmp(a, "--inplace") == 0) {
+            opts.inplace = 1;
+            coll_opt = 1, coll_arg = a;
+            continue;
+        }
         if (v == NULL) {
             fprintf(stderr, "tern-perf: %s needs a value\n", a);
             return 2;
@@ -607,6 +614,10 @@ int main(int argc, char **argv)
                 tern_dtype_name(opts.dtype), tern_last_error());
         return 2;
     }
+    if (opts.inplace && opts.test != TERN_BENCH_ALLREDUCE) {
+        fprintf(stderr, "tern-perf: --inplace is for allreduce, not %s\n", argv[1]);
+        return 2;
+    }
     if (strcmp(mem, "host") != 0) {
         /* Never measure something other than what was asked for. */
         fprintf(stderr, "tern-perf: --mem %s: this build's point-to-point layer moves host "
@@ -682,6 +693,10 @@ int main(int argc, char **argv)
         size_t l = strlen(what);
         snprintf(what + l, sizeof(what) - l, ", root %d", opts.root);
     }
+    if (opts.inplace) {
+        size_t l = strlen(what);
+        snprintf(what + l, sizeof(what) - l, ", in place");
+    }
     if (rank == 0) {
         if (fmt == FMT_CSV) {
             printf("%s\n", TERN_BENCH_CSV_HEADER);
@@ -695,6 +710,8 @@ int main(int argc, char **argv)
                 printf("\"op\":\"%s\",", tern_reduce_op_name(opts.op));
             if (is_rooted)
                 printf("\"root\":%d,", opts.root);
+            if (opts.inplace)
+                printf("\"inplace\":true,");
             if (is_rpc)
                 printf("\"window\":%u,", opts.window ? opts.window : 64);
             printf("\"results\":[");
