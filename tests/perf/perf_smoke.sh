@@ -117,10 +117,17 @@ for spec in "allreduce f16 prod 2" "allreduce bf16 avg 2" "allreduce i8 max 1" "
     set -- $spec
     check_coll_csv 3 "$1" "$4" 8,100k "$(coll 3 "$1" --sizes 8,100k --dtype "$2" --op "$3" ${5:+--root "$5"})"
 done
+# In place (one buffer, as torch.distributed's all_reduce), checked the same way.
+for n in 2 3; do
+    check_coll_csv "$n" allreduce 4 "$COLL_SIZES" "$(coll "$n" allreduce --sizes "$COLL_SIZES" --inplace)"
+done
 
 # The table and JSON say what a collective measured.
 json=$("$RUN" -n 2 --no-prefix "$PERF" allreduce --sizes 8 --iters 3 --format json --dtype bf16 --op max)
 [[ $json == '{"test":"allreduce","transport":"'*'"ranks":2,"dtype":"bf16","op":"max","results":[{"size":8,"iters":3,"lat_us_p50":'*'"busbw_GBps":'*'}]}' ]] || fail "collective json: $json"
+table=$("$RUN" -n 2 --no-prefix "$PERF" allreduce --sizes 64k --iters 3 --inplace)
+grep -q "^# tern-perf allreduce: transport tcp on .*, 2 ranks, f32 sum, in place$" <<<"$table" ||
+    fail "in-place table header: $table"
 table=$("$RUN" -n 2 --no-prefix "$PERF" broadcast --sizes 64k --iters 3 --root 1 --check)
 grep -q "^# tern-perf broadcast: transport tcp on .*, 2 ranks, f32, root 1$" <<<"$table" || fail "collective table header: $table"
 grep -q "busbw_GBps" <<<"$table" || fail "collective table columns: $table"
@@ -132,6 +139,8 @@ grep -q "floating" <<<"$err" || fail "avg of i32 message: $err"
 err=$("$PERF" lat --dtype f64 2>&1) && fail "--dtype accepted for lat"
 grep -q "collective tests only" <<<"$err" || fail "--dtype for lat message: $err"
 "$PERF" allreduce --op nosuchop >/dev/null 2>&1 && fail "unknown op accepted"
+err=$("$PERF" reduce --inplace 2>&1) && fail "--inplace accepted for reduce"
+grep -q "inplace is for allreduce" <<<"$err" || fail "--inplace for reduce message: $err"
 err=$("$RUN" -n 2 --no-prefix "$PERF" gather --root 2 2>&1) && fail "root outside the ranks accepted"
 grep -q "not a rank" <<<"$err" || fail "bad root message: $err"
 echo "PASS: tern-perf lat, bw, bibw, rate, rpc and the collectives run, check and parse"
