@@ -127,15 +127,18 @@ static bool host_shm(const tern_group_t *g)
     return g->comm->attr.host_shm && tern_ctx_local_world_size(g->ctx) == g->comm->world;
 }
 
-static size_t rab_max(const tern_group_t *g)
+static size_t rab_max(const tern_group_t *g, bool in_place)
 {
     int n = g->size;
     /* The ring's segments overlap one segment's reduction with the next one's
      * transfer, which pays over a network path above 8 MiB. Over shared
      * memory the receiver makes the copy itself, so there is nothing to
-     * overlap, and a pair stays faster with Rabenseifner at every size. */
+     * overlap, and a pair out of place (its first level received straight
+     * into the output) stays faster with Rabenseifner at every size. In
+     * place it receives into a scratch half of the buffer, allocated anew
+     * each call above what a context keeps, and the ring is faster there. */
     if (n == 2)
-        return host_shm(g) ? SIZE_MAX : AR_RAB_MAX_PAIR;
+        return host_shm(g) && !in_place ? SIZE_MAX : AR_RAB_MAX_PAIR;
     return (n & (n - 1)) == 0 ? AR_RAB_MAX : AR_RAB_MAX_FOLD;
 }
 
@@ -158,7 +161,7 @@ tern_status_t tern_all_reduce(tern_group_t *g, const void *sbuf, void *rbuf, siz
     int algo = (int)cfg_of(g)->coll_algo_allreduce;
     if (algo == AR_AUTO)
         algo = bytes <= AR_RD_MAX || count < (size_t)g->size ? AR_RD
-               : bytes <= rab_max(g)                         ? AR_RAB
+               : bytes <= rab_max(g, sbuf == rbuf)           ? AR_RAB
                                                              : AR_RING;
     tern__coll_t *c = coll_new(&k, dtype, op);
     if (c == NULL)
