@@ -15,7 +15,8 @@
 #   SECTION=p2p|coll|all (default all) picks the point-to-point rows, the
 #   collectives or both; the collectives also write OUT_DIR/coll_curves.csv
 #   (OUT_DIR defaults to BUILD_DIR/perf), which perf/plot_coll.sh plots, and
-#   keep each run's CSV in OUT_DIR/coll_runs.
+#   keep each run's CSV in OUT_DIR/coll_runs. COLL_INPLACE=1 runs every
+#   all_reduce in place on both sides (torch.distributed's form).
 set -euo pipefail
 B=$(cd "${1:-build}" && pwd)
 SECTION=${SECTION:-all}
@@ -125,14 +126,22 @@ have_sm=0; have_ucx_provider && have_sm=1
 # the btl list would restrict nothing.
 # shellcheck disable=SC2054 # tcp,self is one argument
 MPI_TCP=(--mca pml ob1 --mca btl tcp,self)
+# COLL_INPLACE=1: every all_reduce in place on both sides (tern-perf and
+# mpi-coll --inplace), torch.distributed's form.
+ar_extra=()
+[ "${COLL_INPLACE:-0}" = 1 ] && ar_extra=(--inplace)
 
 # A collective's CSV (header and rows) on stdout; a failed run prints a
 # warning and nothing else, so its values count as missing.
 tern_coll() { # transport ranks test sizes [VAR=value...]
-    env "${@:5}" timeout 300 "$RUN" -n "$2" --no-prefix "$PERF" "$3" --transport "$1" --sizes "$4" --format csv ||
+    local extra=()
+    [ "$3" = allreduce ] && extra=("${ar_extra[@]}")
+    env "${@:5}" timeout 300 "$RUN" -n "$2" --no-prefix "$PERF" "$3" --transport "$1" --sizes "$4" "${extra[@]}" --format csv ||
         echo "# tern-perf $3 over $1 with $2 ranks failed" >&2; }
 mpi_coll() { # ranks test sizes [mpirun options...]
-    timeout 300 mpirun "${root[@]}" --oversubscribe -np "$1" "${@:4}" "$MPIC" "$2" --sizes "$3" 2>/dev/null ||
+    local extra=()
+    [ "$2" = allreduce ] && extra=("${ar_extra[@]}")
+    timeout 300 mpirun "${root[@]}" --oversubscribe -np "$1" "${@:4}" "$MPIC" "$2" --sizes "$3" "${extra[@]}" 2>/dev/null ||
         echo "# mpi-coll $2 with $1 ranks failed" >&2; }
 # One column (5 size, 8 lat_us_avg, 10 algbw, 11 busbw) of the row for size in
 # each file, median over the files.
@@ -144,6 +153,7 @@ coll_median() { # column size files...
 
 echo "# collectives: busbw GB/s (higher is better), latency = avg us of one call (lower is better)"
 echo "# tcp: tern's tcp provider vs Open MPI --mca btl tcp,self; sm: tern's ucx provider with UCX_TLS=sm vs Open MPI's default (shared memory)"
+[ ${#ar_extra[@]} -gt 0 ] && echo "# all_reduce in place on both sides (COLL_INPLACE=1)"
 printf "%-34s %10s  %-30s %10s  %6s  %s\n" metric tern peer peer ratio verdict
 # Every run's CSV stays in OUT_DIR/coll_runs (SERIES-RANKS-REPEAT), to look
 # into a median that surprises.
@@ -182,7 +192,7 @@ fi
 # The curves: every series' medians at 1 KiB and up, for perf/plot_coll.sh.
 curves=$OUT_DIR/coll_curves.csv
 {
-    echo "# allreduce f32 sum, medians of $REPEAT runs, $(uname -n), $(nproc) cores, $(date -u +%Y-%m-%dT%H:%MZ)"
+    echo "# allreduce f32 sum${ar_extra:+ in place}, medians of $REPEAT runs, $(uname -n), $(nproc) cores, $(date -u +%Y-%m-%dT%H:%MZ)"
     echo "impl,transport,ranks,size,busbw_GBps,algbw_GBps,lat_us_avg"
     for series in tern-tcp mpi-tcp tern-sm mpi-sm; do
         for n in $COLL_RANKS; do
