@@ -299,11 +299,22 @@ static void allreduce_rab(tern__coll_t *c, const void *sbuf, void *rbuf, size_t 
     size_t fold = r < 2 * rem && r % 2 == 1 ? bytes : 0;
     /* Out of place and not folded, the first level receives straight into
      * the output, whose kept half holds nothing yet, and reduces there: no
-     * slot, and one pass less over the largest half. The later levels' slots
-     * then fit in half the bytes plus one element per level. */
+     * slot, and one pass less over the largest half. */
     bool direct = sbuf != rbuf && r >= 2 * rem;
-    char *tmp = tern__coll_scratch(c, fold + (direct ? bytes / 2 : bytes) + 32 * es);
-    if (bytes > 0 && tmp == NULL)
+    /* Each level keeps at most the larger half of the window before it and
+     * receives that much into its slot, so the slots need that sum and no
+     * more: a pair in place half the buffer (kept between calls up to 8 MiB
+     * of buffer), a pair out of place none. A rank that hands its data to a
+     * folding partner receives only the result, into the output. */
+    size_t slots = 0;
+    for (size_t w = count, i = 0; i < (size_t)steps && !(r < 2 * rem && r % 2 == 0); i++) {
+        w -= w / 2;
+        if (!(direct && i == 0))
+            slots += w;
+    }
+    size_t need = fold + slots * es;
+    char *tmp = need > 0 ? tern__coll_scratch(c, need) : NULL;
+    if (need > 0 && tmp == NULL)
         return;
     uint32_t fin_tag = 2u * (uint32_t)steps + 1;
     const void *src;
@@ -313,7 +324,7 @@ static void allreduce_rab(tern__coll_t *c, const void *sbuf, void *rbuf, size_t 
     size_t lo = 0, hi = count;
     size_t wlo[32], whi[32];
     int rs_send[32];
-    char *slot = tmp + fold;
+    char *slot = tmp != NULL ? tmp + fold : NULL;
     for (int i = 0, mask = p2 >> 1; mask > 0; mask >>= 1, i++) {
         int pn = newrank ^ mask, peer = pn < rem ? pn * 2 + 1 : pn + rem;
         size_t mid = lo + (hi - lo) / 2;
@@ -324,8 +335,7 @@ static void allreduce_rab(tern__coll_t *c, const void *sbuf, void *rbuf, size_t 
         whi[i] = hi;
         rs_send[i] = tern__coll_send(c, peer, 1u + (uint32_t)i, at(src, slo, es), (shi - slo) * es,
                                      last, -1);
-        /* Each level's slot follows the last: they halve (rounding up), so
-         * all fit in bytes plus one element per level. */
+        /* Each level's slot follows the last (within slots, above). */
         void *kept = at(rbuf, klo, es);
         char *in = direct && i == 0 ? (char *)kept : slot;
         int rcv = tern__coll_recv(c, peer, 1u + (uint32_t)i, in, (khi - klo) * es, -1, -1);
