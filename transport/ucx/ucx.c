@@ -2583,8 +2583,9 @@ static void describe_device(ucx_tp_t *tp, const ucp_config_t *config)
             continue;
         r += 3;
         /* UCX names the device of its shared-memory transports (sysv, posix,
-         * cma, knem, xpmem) "memory". */
-        if (strncmp(r + strcspn(r, "/ \n"), "/memory", 7) == 0)
+         * cma, knem, xpmem) "memory"; "self" (a process to itself, device
+         * "memory0") reaches no other process. */
+        if (strncmp(r, "self/", 5) != 0 && strncmp(r + strcspn(r, "/ \n"), "/memory", 7) == 0)
             tp->base.attr.host_shm = 1;
         if (full)
             continue; /* the rest still counts for host_shm */
