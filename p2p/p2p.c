@@ -544,8 +544,8 @@ tern_status_t tern__p2p_isend(tern__comm_t *comm, uint32_t cid, const void *buf,
     return st;
 }
 
-tern_status_t tern__p2p_isend_locked(tern__comm_t *comm, uint32_t cid, const void *buf,
-                                     size_t len, int dst, int tag, tern_request_t **req_out)
+tern_status_t tern__p2p_isend_locked(tern__comm_t *comm, uint32_t cid, const void *buf, size_t len,
+                                     int dst, int tag, tern_request_t **req_out)
 {
     tern_request_t *req;
     tern_status_t st;
@@ -763,15 +763,19 @@ void tern__p2p_peer_lost(tern__comm_t *comm, int peer, tern_status_t why)
     }
 }
 
+/* An eager limit as configured, at most what one send carries after the
+ * eager header. */
+static size_t eager_cap(const tern__comm_t *comm, uint64_t limit)
+{
+    size_t most = comm->attr.max_send - EAGER_HDR;
+    return limit < most ? (size_t)limit : most;
+}
+
 tern_status_t tern__p2p_init(tern__comm_t *comm)
 {
     const tern__config_t *cfg = tern__ctx_config(comm->ctx);
-    comm->eager_limit = cfg->eager_limit;
-    if (comm->eager_limit > comm->attr.max_send - EAGER_HDR)
-        comm->eager_limit = comm->attr.max_send - EAGER_HDR;
-    comm->coll_eager_limit = cfg->coll_eager_limit;
-    if (comm->coll_eager_limit > comm->attr.max_send - EAGER_HDR)
-        comm->coll_eager_limit = comm->attr.max_send - EAGER_HDR;
+    comm->eager_limit = eager_cap(comm, cfg->eager_limit);
+    comm->coll_eager_limit = eager_cap(comm, cfg->coll_eager_limit);
     comm->credit_per_peer = cfg->unexpected_max / comm->world;
     comm->credits = calloc(comm->world, sizeof(*comm->credits));
     comm->consumed = calloc(comm->world, sizeof(*comm->consumed));
