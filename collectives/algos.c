@@ -296,7 +296,8 @@ static void allreduce_rab(tern__coll_t *c, const void *sbuf, void *rbuf, size_t 
     /* Receive slots: the fold's whole buffer on a rank that takes one in (a
      * power of two has none: the scratch is then half the size, and a large
      * call's fresh pages half as many), then halves, quarters... */
-    size_t fold = r < 2 * rem && r % 2 == 1 ? bytes : 0;
+    bool gives = r < 2 * rem && r % 2 == 0; /* hands its data to a folding partner */
+    size_t fold = r < 2 * rem && !gives ? bytes : 0;
     /* Out of place and not folded, the first level receives straight into
      * the output, whose kept half holds nothing yet, and reduces there: no
      * slot, and one pass less over the largest half. */
@@ -307,7 +308,7 @@ static void allreduce_rab(tern__coll_t *c, const void *sbuf, void *rbuf, size_t 
      * of buffer), a pair out of place none. A rank that hands its data to a
      * folding partner receives only the result, into the output. */
     size_t slots = 0;
-    for (size_t w = count, i = 0; i < (size_t)steps && !(r < 2 * rem && r % 2 == 0); i++) {
+    for (size_t w = count, i = 0; !gives && i < (size_t)steps; i++) {
         w -= w / 2;
         if (!(direct && i == 0))
             slots += w;
