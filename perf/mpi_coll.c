@@ -143,7 +143,8 @@ static void usage(void)
 {
     fprintf(stderr, "usage: mpi-coll TEST [--sizes LIST | --min-size N --max-size M] [--iters N]\n"
                     "                [--warmup N] [--dtype f32|f64|i8|i16|i32|i64|u8]\n"
-                    "                [--op sum|prod|max|min] [--root N] [--inplace] [--format csv]\n"
+                    "                [--op sum|prod|max|min] [--root N] [--format csv]\n"
+                    "                [--inplace (allreduce)]\n"
                     "TEST: allreduce broadcast reduce allgather reduce_scatter alltoall gather\n"
                     "      scatter barrier\n");
 }

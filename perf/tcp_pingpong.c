@@ -42,7 +42,8 @@ static int exchange(int fd, const char *sbuf, char *rbuf, size_t n)
 {
     size_t out = 0, in = 0;
     while (out < n || in < n) {
-        struct pollfd p = {.fd = fd, .events = (short)((out < n ? POLLOUT : 0) | (in < n ? POLLIN : 0))};
+        struct pollfd p = {.fd = fd,
+                           .events = (short)((out < n ? POLLOUT : 0) | (in < n ? POLLIN : 0))};
         if (poll(&p, 1, -1) < 0 && errno != EINTR)
             return -1;
         if (in < n) {

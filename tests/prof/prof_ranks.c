@@ -632,8 +632,7 @@ static tern_status_t h_die(tern_rpc_call_t *call)
      * the loss before it posts the call meant to queue behind this one, and
      * that post is then (rightly) refused. */
     char go;
-    (void)tern_recv(tern_rpc_call_ctx(call), &go, 1, tern_rpc_call_caller(call), DIE_GO_TAG,
-                    NULL);
+    (void)tern_recv(tern_rpc_call_ctx(call), &go, 1, tern_rpc_call_caller(call), DIE_GO_TAG, NULL);
     fflush(stdout);
     fflush(stderr);
     _exit(0); /* no reply, no finalize: the connections just close */
