@@ -414,10 +414,10 @@ static void launch(tern__coll_t *c, step_t *s, hold_t *h)
         hold_take(h);
         if (s->kind == STEP_SEND)
             st = tern__p2p_isend_locked(comm, c->g->cid, s->a, s->n, w, (int)wire_tag(c, s),
-                                        &s->req);
+                                        TERN__P2P_RTR, &s->req);
         else
             st = tern__p2p_irecv_locked(comm, c->g->cid, s->dst, s->n, w, (int)wire_tag(c, s),
-                                        &s->req);
+                                        TERN__P2P_RTR, &s->req);
         if (st != TERN_OK) {
             hold_drop(h);
             tern__prof_op_drop(&op);
@@ -599,6 +599,8 @@ static void progress_hook(tern__comm_t *comm, bool check_time, bool locked)
 
     hold_t h = {.comm = comm, .held = locked};
     hold_take(&h);
+    if (check_time && comm->rtr_waits != NULL)
+        tern__p2p_rtr_tick(comm, tern_clock_ns());
     coll_state_t *cs = state_locked(comm);
     for (tern__coll_t *c = cs->active; c != NULL; c = c->next) {
         if (n == PICK_MAX) {

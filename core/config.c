@@ -121,6 +121,12 @@ static const field_t fields[] = {
      .doc = "collectives' messages up to this size go eagerly (a copy at each end), as "
             "TERN_EAGER_LIMIT does for p2p: below it a rendezvous's round trips cost more "
             "than the copies"},
+    {.name = "TERN_COLL_RTR", .group = "tern", .type = FIELD_BOOL, .dflt = "yes",
+     .offset = OFF(coll_rtr),
+     .doc = "a collective's receive above TERN_COLL_EAGER_LIMIT offers its buffer to the sender "
+            "as it is posted, and the sender writes into it (where the transport refuses "
+            "writes to revoked keys: tcp, verbs); no: the sender offers, the receiver reads. "
+            "Set it alike on every rank"},
     {.name = "TERN_RPC_TIMEOUT", .group = "tern", .type = FIELD_DURATION, .dflt = "60s",
      .offset = OFF(rpc_timeout_ns),
      .doc = "an RPC's timeout when the call names none (tern_rpc_options_t overrides it); "

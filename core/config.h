@@ -58,6 +58,7 @@ typedef struct tern__config {
     int64_t coll_algo_alltoall;  /* auto|pairwise|linear */
     uint64_t coll_segment;
     uint64_t coll_eager_limit;
+    bool coll_rtr;
     /* rpc */
     int64_t rpc_timeout_ns;
     int64_t rpc_window;

@@ -41,6 +41,9 @@ struct tern_request {
     void *buf;
     size_t len;                /* send: bytes; recv: capacity */
     /* rendezvous */
+    bool rtr;                  /* recv: its buffer is offered to the sender (p2p.c) */
+    uint64_t since;            /* send: when it began waiting for an offer (0: not yet seen) */
+    struct rtr *offer;         /* send: its receiver's offer, while it waits for the put window */
     uint64_t id;
     tern_mr_t *mr;
     tern_rkey_t *rkey;
@@ -118,6 +121,15 @@ struct tern__comm {
     tern_request_t *posted_head, *posted_tail;
     unexp_t *unexp_head, *unexp_tail;
     tern_request_t *rndv_sends; /* sends waiting for their FIN */
+    /* Offered receive buffers (p2p.c, TERN__P2P_RTR): on for collectives
+     * where the transport revokes keys; sends waiting for their receiver's
+     * offer; offers that came before their send. */
+    bool rtr_on;
+    tern_request_t *rtr_waits;
+    tern_request_t *rtr_ready, *rtr_ready_tail; /* offered, waiting for the put window */
+    size_t *put_bytes;        /* [world] bytes of puts into offered buffers in flight */
+    struct rtr *rtrs;
+    unsigned nrtrs;
     uint64_t next_id;
     tern_request_t *req_cache; /* free requests for reuse (p2p.c) */
     unsigned req_cached;
@@ -229,12 +241,22 @@ tern_status_t tern__p2p_isend(tern__comm_t *comm, uint32_t cid, const void *buf,
                               int dst, int tag, tern_request_t **req);
 tern_status_t tern__p2p_irecv(tern__comm_t *comm, uint32_t cid, void *buf, size_t cap, int src,
                               int tag, tern_request_t **req);
+/* The peer posts the other end of this message with the flag too, and
+ * names no wildcard: a receive above the collectives' eager limit offers its
+ * buffer as it is posted, and the send writes into it (p2p.c). */
+#define TERN__P2P_RTR 1u
 /* The same with the lock held (req not NULL): a collective posts a run of
- * them, and reaps what completed, in one hold of the lock. */
+ * them, and reaps what completed, in one hold of the lock. flags:
+ * TERN__P2P_RTR or 0. */
 tern_status_t tern__p2p_isend_locked(tern__comm_t *comm, uint32_t cid, const void *buf,
-                                     size_t len, int dst, int tag, tern_request_t **req);
+                                     size_t len, int dst, int tag, unsigned flags,
+                                     tern_request_t **req);
 tern_status_t tern__p2p_irecv_locked(tern__comm_t *comm, uint32_t cid, void *buf, size_t cap,
-                                     int src, int tag, tern_request_t **req);
+                                     int src, int tag, unsigned flags, tern_request_t **req);
+/* Sends that waited RTR_WAIT_NS for their receiver's offer go by the
+ * sender's offer instead (lock held): a receiver expecting fewer bytes, or
+ * one whose offer was refused, then hears of the send all the same. */
+void tern__p2p_rtr_tick(tern__comm_t *comm, uint64_t now);
 /* Withdraw an incomplete request (lock held): a posted receive leaves the
  * posted list, a rendezvous send stops offering its buffer (a later read by
  * the peer fails on the dead key); either completes with TERN_ERR_CANCELED.

@@ -14,9 +14,25 @@
  * message's number between its two ranks (comm.h), which the receiver
  * extends to 64 bits: the profiler links each send to its receive by it.
  *
+ * Offered buffers (collectives, TERN__P2P_RTR, where the transport revokes
+ * keys): a receive above the collectives' eager limit registers its buffer
+ * as it is posted and sends the sender RTR {as RTS, with the receive's id};
+ * the send writes its data there with one put whose immediate (class
+ * P2P_RNDV, slot = the receive's id) completes the receive, and the put's
+ * own acknowledgement completes the send. Over tcp that is three frames
+ * instead of four, and the data leaves as soon as both ends have posted
+ * instead of a round trip later; an offer made while the receiver waits on
+ * something else (the next level of a collective) costs nothing on the path.
+ * The receive stays in the posted list meanwhile, so an eager message or an
+ * RTS (a sender whose limit differs, or that stopped waiting after
+ * RTR_WAIT_NS) still matches it; it then withdraws the offer (revoking the
+ * key, so a put already on its way is refused) and says so with
+ * RTR_CANCEL {id}. A send larger than the offer is refused with RTR_FAIL
+ * {id, len, status}, which fails the receive as a truncation would.
+ *
  * Control (class CONTROL, slot = kind): FIN; CREDIT {bytes}, returning eager
  * credit; NACK {tag, len, cap}, telling an eager sender its message was
- * truncated.
+ * truncated; RTR, RTR_CANCEL, RTR_FAIL (above).
  *
  * Memory bound. Each sender may have at most credit_per_peer bytes of eager
  * payload outstanding at each receiver (TERN_UNEXPECTED_MAX / world); the
@@ -45,10 +61,44 @@
 #include "prof/prof.h"
 
 /* PING and PONG carry the profiler's clock ping-pong (prof/session.c). */
-enum ctrl { CTRL_FIN = 1, CTRL_CREDIT = 2, CTRL_NACK = 3, CTRL_PING = 4, CTRL_PONG = 5 };
+enum ctrl {
+    CTRL_FIN = 1,
+    CTRL_CREDIT = 2,
+    CTRL_NACK = 3,
+    CTRL_PING = 4,
+    CTRL_PONG = 5,
+    CTRL_RTR = 6,
+    CTRL_RTR_CANCEL = 7,
+    CTRL_RTR_FAIL = 8
+};
 
 #define EAGER_HDR 8
-#define RTS_HDR 36
+#define RTS_HDR 36 /* and RTR's */
+
+/* How long a send waits for its receiver's offer before it offers its own
+ * buffer instead (tern__p2p_rtr_tick). Only a receiver that expects a small
+ * message (counts that differ across ranks) or lost its offer never makes
+ * one; a late receiver makes it when it comes, so waiting costs it nothing. */
+#define RTR_WAIT_NS (50ull * 1000 * 1000)
+/* Offers kept for sends not yet posted; more from a peer gone astray are
+ * dropped (the send then waits RTR_WAIT_NS and offers its own buffer). */
+#define RTRS_MAX 4096
+/* Bytes of puts in flight to one peer (at least one put). Past this the
+ * peer's socket fills while it is busy elsewhere, and spliced payloads then
+ * make the kernel prune its receive queue and drop segments: 200 ms
+ * retransmission stalls at 16 MiB and above without the window. */
+#define PUT_WINDOW ((size_t)1 << 20)
+
+/* A receiver's offer, kept until its send is posted. */
+typedef struct rtr {
+    struct rtr *next;
+    uint32_t cid;
+    int src, tag;
+    size_t cap;
+    uint64_t rid, raddr;
+    uint32_t rkey_len;
+    uint8_t rkey[TERN_RKEY_MAX];
+} rtr_t;
 
 /* A message of the protocol's own that must outlive the call that sends it.
  * Small ones (most: eager headers and payloads, control messages) are
@@ -325,20 +375,83 @@ fail:
     tern__req_complete(req, st);
 }
 
+/* Unlink *pp (prev before it) from the posted list and return it. */
+static tern_request_t *unlink_posted(tern__comm_t *comm, tern_request_t **pp, tern_request_t *prev)
+{
+    tern_request_t *r = *pp;
+    *pp = r->next;
+    if (comm->posted_tail == r)
+        comm->posted_tail = prev;
+    return r;
+}
+
 /* The first posted receive matching an arrival, unlinked. */
 static tern_request_t *take_posted(tern__comm_t *comm, uint32_t cid, int src, int tag)
 {
     tern_request_t **pp, *prev = NULL;
+    for (pp = &comm->posted_head; *pp != NULL; prev = *pp, pp = &(*pp)->next)
+        if (matches(*pp, cid, src, tag))
+            return unlink_posted(comm, pp, prev);
+    return NULL;
+}
+
+/* The posted receive from src that offered its buffer under an id whose bits
+ * in mask are id's, unlinked. */
+static tern_request_t *take_offered(tern__comm_t *comm, int src, uint64_t id, uint64_t mask)
+{
+    tern_request_t **pp, *prev = NULL;
     for (pp = &comm->posted_head; *pp != NULL; prev = *pp, pp = &(*pp)->next) {
-        tern_request_t *r = *pp;
-        if (matches(r, cid, src, tag)) {
-            *pp = r->next;
-            if (comm->posted_tail == r)
-                comm->posted_tail = prev;
-            return r;
-        }
+        const tern_request_t *r = *pp;
+        if (r->rtr && r->peer == src && ((r->id ^ id) & mask) == 0)
+            return unlink_posted(comm, pp, prev);
     }
     return NULL;
+}
+
+/* Take back req's offer (lock held): its message came another way, or the
+ * receive is withdrawn. The key dies first, so a put already on its way is
+ * refused; with tell, RTR_CANCEL has the sender drop the offer if it kept
+ * it. */
+static void rtr_withdraw(tern__comm_t *comm, tern_request_t *req, bool tell)
+{
+    if (!req->rtr)
+        return;
+    req->rtr = false;
+    tern_mr_dereg(req->mr);
+    req->mr = NULL;
+    if (tell) {
+        uint8_t msg[8];
+        tern__put_le64(msg, req->id);
+        send_ctrl(comm, req->peer, CTRL_RTR_CANCEL, msg, sizeof(msg));
+    }
+}
+
+/* An offered receive's end (lock held): its put landed (TERN_OK, len bytes,
+ * the message numbered next from its sender), or the sender refused it. */
+static void offered_done(tern__comm_t *comm, tern_request_t *req, size_t len, tern_status_t st)
+{
+    req->rtr = false;
+    tern_mr_dereg(req->mr);
+    req->mr = NULL;
+    req->info = (tern_msg_info_t){.source = req->peer, .tag = req->tag, .len = len};
+    if (st == TERN_OK)
+        req->seq = ++comm->arrived[req->peer];
+    tern__req_complete(req, st);
+}
+
+/* The data of an offered receive is in place (TERN_EVENT_PUT_IMM). Puts and
+ * sends on one endpoint arrive in order (tcp: one stream; verbs: one RC QP),
+ * so the message is the next one from its sender. */
+static void on_put(tern__comm_t *comm, const tern_event_t *ev)
+{
+    int src = (int)ev->src;
+    tern_request_t *req = take_offered(comm, src, tern_imm_slot(ev->imm), TERN_IMM_SLOT_MASK);
+    if (req == NULL) {
+        tern_warn("p2p: rank %d wrote %zu bytes for a receive that is not waiting (slot %u)", src,
+                  ev->len, tern_imm_slot(ev->imm));
+        return;
+    }
+    offered_done(comm, req, ev->len, TERN_OK);
 }
 
 static void append_unexp(tern__comm_t *comm, unexp_t *u)
@@ -366,6 +479,7 @@ static void on_eager(tern__comm_t *comm, const tern_event_t *ev, void *arg)
     uint64_t seq = msg_seq(comm, src, ev->imm);
     tern_request_t *req = take_posted(comm, cid, src, tag);
     if (req != NULL) {
+        rtr_withdraw(comm, req, true);
         deliver_eager(comm, req, src, tag, seq, p + EAGER_HDR, len);
         return;
     }
@@ -391,37 +505,278 @@ static void on_eager(tern__comm_t *comm, const tern_event_t *ev, void *arg)
     append_unexp(comm, u);
 }
 
-static void on_rts(tern__comm_t *comm, const tern_event_t *ev, void *arg)
+/* An offer of a buffer: RTS (the sender's) or RTR (the receiver's). */
+typedef struct offer {
+    uint32_t cid;
+    int tag;
+    uint64_t len, id, addr;
+    uint32_t rkey_len;
+    const uint8_t *rkey;
+} offer_t;
+
+/* Register req's buffer with access and write the offer of it {cid, tag,
+ * len, id, address, key} into a new bounce buffer (*out), under a new id.
+ * On failure req->mr is NULL again. */
+static tern_status_t offer_build(tern__comm_t *comm, tern_request_t *req, unsigned access,
+                                 bounce_t **out)
+{
+    uint8_t key[TERN_RKEY_MAX];
+    size_t klen = sizeof(key);
+    tern_mr_params_t mp = {.field_mask = TERN_MR_PARAM_ACCESS, .access = access};
+    tern_status_t st;
+    bounce_t *b;
+    if ((st = tern_mr_reg(comm->tp, req->buf, req->len, &mp, &req->mr)) != TERN_OK)
+        goto fail;
+    if ((st = tern_mr_pack(req->mr, key, &klen)) != TERN_OK)
+        goto fail;
+    if ((b = bounce_new(comm, RTS_HDR + klen)) == NULL) {
+        st = tern__error(TERN_ERR_NO_MEMORY, "p2p: no memory for an offer");
+        goto fail;
+    }
+    req->id = ++comm->next_id;
+    tern__put_le32(b->data, req->cid);
+    tern__put_le32(b->data + 4, (uint32_t)req->tag);
+    tern__put_le64(b->data + 8, req->len);
+    tern__put_le64(b->data + 16, req->id);
+    tern__put_le64(b->data + 24, (uintptr_t)req->buf);
+    tern__put_le32(b->data + 32, (uint32_t)klen);
+    memcpy(b->data + RTS_HDR, key, klen);
+    *out = b;
+    return TERN_OK;
+fail:
+    tern_mr_dereg(req->mr);
+    req->mr = NULL;
+    return st;
+}
+
+static bool offer_decode(const tern_event_t *ev, offer_t *o)
+{
+    const uint8_t *p = ev->data;
+    if (ev->type != TERN_EVENT_RECV || ev->len < RTS_HDR)
+        return false;
+    o->rkey_len = tern__get_le32(p + 32);
+    if (o->rkey_len > TERN_RKEY_MAX || ev->len != RTS_HDR + o->rkey_len)
+        return false;
+    o->cid = tern__get_le32(p);
+    o->tag = (int32_t)tern__get_le32(p + 4);
+    o->len = tern__get_le64(p + 8);
+    o->id = tern__get_le64(p + 16);
+    o->addr = tern__get_le64(p + 24);
+    o->rkey = p + RTS_HDR;
+    return true;
+}
+
+/* Class P2P_RNDV: an RTS, or the put into an offered receive. */
+static void on_rndv(tern__comm_t *comm, const tern_event_t *ev, void *arg)
 {
     (void)arg;
     int src = (int)ev->src;
-    const uint8_t *p = ev->data;
-    uint32_t rkey_len;
-    if (ev->type != TERN_EVENT_RECV || ev->len < RTS_HDR || ev->src >= comm->world ||
-        (rkey_len = tern__get_le32(p + 32)) > TERN_RKEY_MAX || ev->len != RTS_HDR + rkey_len) {
+    offer_t o;
+    if (ev->src < comm->world && ev->type == TERN_EVENT_PUT_IMM) {
+        on_put(comm, ev);
+        return;
+    }
+    if (ev->type == TERN_EVENT_ERROR) {
+        /* Our transport refused a put into a receive that had withdrawn its
+         * offer; the sender hears it from its put. */
+        tern_debug("p2p: refused a put from rank %u: %s", ev->src, tern_strerror(ev->status));
+        return;
+    }
+    if (ev->src >= comm->world || !offer_decode(ev, &o)) {
         tern_warn("p2p: malformed rendezvous message from rank %u (%zu bytes); dropped", ev->src,
                   ev->len);
         return;
     }
-    uint32_t cid = tern__get_le32(p);
-    int tag = (int32_t)tern__get_le32(p + 4);
-    uint64_t len = tern__get_le64(p + 8), sreq = tern__get_le64(p + 16), raddr = tern__get_le64(p + 24);
     uint64_t seq = msg_seq(comm, src, ev->imm);
-    tern_request_t *req = take_posted(comm, cid, src, tag);
+    tern_request_t *req = take_posted(comm, o.cid, src, o.tag);
     if (req != NULL) {
-        start_get(comm, req, src, tag, seq, (size_t)len, sreq, raddr, p + RTS_HDR, rkey_len);
+        rtr_withdraw(comm, req, true);
+        start_get(comm, req, src, o.tag, seq, (size_t)o.len, o.id, o.addr, o.rkey, o.rkey_len);
         return;
     }
     unexp_t *u = calloc(1, sizeof(*u));
     if (u == NULL) {
         tern_error("p2p: no memory to queue a rendezvous from rank %d", src);
-        send_fin(comm, src, sreq, TERN_ERR_NO_MEMORY);
+        send_fin(comm, src, o.id, TERN_ERR_NO_MEMORY);
         return;
     }
-    *u = (unexp_t){.cid = cid, .src = src, .tag = tag, .len = (size_t)len, .rndv = true,
-                   .sreq = sreq, .raddr = raddr, .rkey_len = rkey_len, .seq = seq};
-    memcpy(u->rkey, p + RTS_HDR, rkey_len);
+    *u = (unexp_t){.cid = o.cid, .src = src, .tag = o.tag, .len = (size_t)o.len, .rndv = true,
+                   .sreq = o.id, .raddr = o.addr, .rkey_len = o.rkey_len, .seq = seq};
+    memcpy(u->rkey, o.rkey, o.rkey_len);
     append_unexp(comm, u);
+}
+
+/* ---- the sender's side of offered buffers ---- */
+
+static void rtr_fail(tern__comm_t *comm, int dst, uint64_t rid, size_t len, tern_status_t st)
+{
+    uint8_t msg[20];
+    tern__put_le64(msg, rid);
+    tern__put_le64(msg + 8, len);
+    tern__put_le32(msg + 16, (uint32_t)st);
+    send_ctrl(comm, dst, CTRL_RTR_FAIL, msg, sizeof(msg));
+}
+
+static void start_put(tern__comm_t *comm, tern_request_t *req, const rtr_t *e);
+
+/* Start the puts waiting for dst's window, in order, while it has room. */
+static void put_window_drain(tern__comm_t *comm, int dst)
+{
+    tern_request_t **pp = &comm->rtr_ready, *prev = NULL;
+    while (*pp != NULL) {
+        tern_request_t *r = *pp;
+        if (r->peer != dst) {
+            prev = r;
+            pp = &r->next;
+            continue;
+        }
+        if (comm->put_bytes[dst] > 0 && comm->put_bytes[dst] + r->len > PUT_WINDOW)
+            return;
+        *pp = r->next;
+        if (comm->rtr_ready_tail == r)
+            comm->rtr_ready_tail = prev;
+        rtr_t *k = r->offer;
+        r->offer = NULL;
+        start_put(comm, r, k); /* may drain again, from put_done: pp is re-read below */
+        free(k);
+        pp = &comm->rtr_ready;
+        prev = NULL;
+    }
+}
+
+/* Put req into its receiver's offer k (taken over), now or when dst's
+ * window has room. */
+static void put_or_queue(tern__comm_t *comm, tern_request_t *req, rtr_t *k)
+{
+    int dst = req->peer;
+    if (comm->put_bytes[dst] > 0 && comm->put_bytes[dst] + req->len > PUT_WINDOW) {
+        req->offer = k;
+        req->next = NULL;
+        if (comm->rtr_ready_tail != NULL)
+            comm->rtr_ready_tail->next = req;
+        else
+            comm->rtr_ready = req;
+        comm->rtr_ready_tail = req;
+        return;
+    }
+    start_put(comm, req, k);
+    free(k);
+}
+
+static void put_done(void *arg, tern_status_t st)
+{
+    tern_request_t *req = arg;
+    tern__comm_t *comm = req->comm;
+    bool open = comm->put_bytes != NULL; /* else the transport's close cancels it after fini */
+    if (open)
+        comm->put_bytes[req->peer] -= req->len;
+    req->ops--;
+    tern_rkey_release(req->rkey);
+    tern_mr_dereg(req->mr);
+    req->rkey = NULL;
+    req->mr = NULL;
+    int dst = req->peer;
+    if (!atomic_load(&req->done))
+        tern__req_complete(req, st);
+    req_maybe_free(req);
+    if (open)
+        put_window_drain(comm, dst);
+}
+
+/* Write a send into the buffer its receiver offered (lock held). Whatever
+ * happens completes req, and a receiver that will get no data hears why. */
+static void start_put(tern__comm_t *comm, tern_request_t *req, const rtr_t *e)
+{
+    int dst = req->peer;
+    tern_ep_t *ep;
+    tern_status_t st;
+    if (req->len > e->cap) {
+        st = tern__error(TERN_ERR_TRUNCATED, "send: rank %d offered %zu bytes for %zu (tag %d)", dst,
+                         e->cap, req->len, req->tag);
+        goto fail;
+    }
+    tern_mr_params_t mp = {.field_mask = TERN_MR_PARAM_ACCESS, .access = TERN_ACCESS_LOCAL};
+    if ((st = tern__comm_ep(comm, dst, &ep)) != TERN_OK ||
+        (st = tern_mr_reg(comm->tp, req->buf, req->len, &mp, &req->mr)) != TERN_OK ||
+        (st = tern_rkey_unpack(ep, e->rkey, e->rkey_len, &req->rkey)) != TERN_OK)
+        goto fail;
+    tern_op_params_t op = {.field_mask = TERN_OP_PARAM_CB | TERN_OP_PARAM_MR | TERN_OP_PARAM_IMM,
+                           .cb = put_done, .cb_arg = req, .mr = req->mr,
+                           .imm = tern_imm_make(TERN_IMM_P2P_RNDV, 0, 0, (uint32_t)e->rid)};
+    req->seq = ++comm->sent[dst];
+    req->ops++;
+    comm->put_bytes[dst] += req->len;
+    st = tern_ep_put(ep, req->buf, req->len, e->raddr, req->rkey, &op);
+    if (st == TERN_OK)
+        put_done(req, TERN_OK);
+    if (st == TERN_OK || st == TERN_INPROGRESS)
+        return;
+    comm->put_bytes[dst] -= req->len;
+    req->ops--;
+    comm->sent[dst]--; /* nothing went out under that number */
+    req->seq = 0;
+fail:
+    tern_rkey_release(req->rkey);
+    tern_mr_dereg(req->mr);
+    req->rkey = NULL;
+    req->mr = NULL;
+    rtr_fail(comm, dst, e->rid, req->len, st);
+    tern__req_complete(req, st);
+}
+
+/* A receiver's offer (RTR): to the send waiting for it, or kept for it. */
+static void on_offer(tern__comm_t *comm, int src, const offer_t *o)
+{
+    rtr_t *k = comm->nrtrs < RTRS_MAX ? malloc(sizeof(*k)) : NULL;
+    if (k == NULL) {
+        tern_warn("p2p: %s to keep rank %d's offer (tag %d); its send will offer its own buffer",
+                  comm->nrtrs < RTRS_MAX ? "no memory" : "too many offers", src, o->tag);
+        return;
+    }
+    *k = (rtr_t){.cid = o->cid, .src = src, .tag = o->tag, .cap = (size_t)o->len, .rid = o->id,
+                 .raddr = o->addr, .rkey_len = o->rkey_len};
+    memcpy(k->rkey, o->rkey, o->rkey_len);
+    for (tern_request_t **pp = &comm->rtr_waits; *pp != NULL; pp = &(*pp)->next) {
+        tern_request_t *r = *pp;
+        if (r->peer == src && r->cid == o->cid && r->tag == o->tag) {
+            *pp = r->next;
+            put_or_queue(comm, r, k);
+            return;
+        }
+    }
+    k->next = comm->rtrs;
+    comm->rtrs = k;
+    comm->nrtrs++;
+}
+
+/* Drop the kept offers from src (-1: all). */
+static void rtrs_drop(tern__comm_t *comm, int src)
+{
+    for (rtr_t **pp = &comm->rtrs; *pp != NULL;) {
+        rtr_t *k = *pp;
+        if (src >= 0 && k->src != src) {
+            pp = &k->next;
+            continue;
+        }
+        *pp = k->next;
+        comm->nrtrs--;
+        free(k);
+    }
+}
+
+/* The kept offer from src for (cid, tag), or with by_id the one under the
+ * receive's id rid, unlinked. */
+static rtr_t *rtr_take(tern__comm_t *comm, int src, uint32_t cid, int tag, uint64_t rid, bool by_id)
+{
+    for (rtr_t **pp = &comm->rtrs; *pp != NULL; pp = &(*pp)->next) {
+        rtr_t *k = *pp;
+        if (k->src == src && (by_id ? k->rid == rid : k->cid == cid && k->tag == tag)) {
+            *pp = k->next;
+            comm->nrtrs--;
+            return k;
+        }
+    }
+    return NULL;
 }
 
 static void on_control(tern__comm_t *comm, const tern_event_t *ev, void *arg)
@@ -476,6 +831,27 @@ static void on_control(tern__comm_t *comm, const tern_event_t *ev, void *arg)
             break;
         comm->credits[ev->src] += (int64_t)tern__get_le64(p);
         return;
+    case CTRL_RTR: {
+        offer_t o;
+        if (!offer_decode(ev, &o))
+            break;
+        on_offer(comm, (int)ev->src, &o);
+        return;
+    }
+    case CTRL_RTR_CANCEL:
+        if (ev->len != 8)
+            break;
+        free(rtr_take(comm, (int)ev->src, 0, 0, tern__get_le64(p), true));
+        return;
+    case CTRL_RTR_FAIL: {
+        tern_status_t st = ev->len == 20 ? (tern_status_t)(int32_t)tern__get_le32(p + 16) : TERN_OK;
+        if (st == TERN_OK)
+            break;
+        tern_request_t *req = take_offered(comm, (int)ev->src, tern__get_le64(p), UINT64_MAX);
+        if (req != NULL)
+            offered_done(comm, req, (size_t)tern__get_le64(p + 8), st);
+        return;
+    }
     case CTRL_NACK:
         if (ev->len != 20)
             break;
@@ -506,6 +882,68 @@ static bool eager_fits(const tern__comm_t *comm, uint32_t cid, size_t len, int d
 {
     return len <= (cid == 0 ? comm->eager_limit : comm->coll_eager_limit) &&
            comm->credits[dst] >= (int64_t)len;
+}
+
+/* Whether a message of len bytes with flags goes into an offered buffer;
+ * sender and receiver decide alike. */
+static bool rtr_fits(const tern__comm_t *comm, uint32_t cid, size_t len, unsigned flags)
+{
+    return (flags & TERN__P2P_RTR) && comm->rtr_on && cid != 0 && len > comm->coll_eager_limit;
+}
+
+/* Offer a send's buffer to its receiver (lock held): RTS, then its FIN. */
+static tern_status_t send_rts(tern__comm_t *comm, tern_request_t *req)
+{
+    bounce_t *b;
+    tern_status_t st = offer_build(comm, req, TERN_ACCESS_LOCAL | TERN_ACCESS_REMOTE_READ, &b);
+    if (st == TERN_OK)
+        st = send_bounce(comm, req->peer, msg_imm(comm, TERN_IMM_P2P_RNDV, req->peer, &req->seq), b);
+    if (st != TERN_OK) {
+        tern_mr_dereg(req->mr);
+        req->mr = NULL;
+        return st;
+    }
+    req->next = comm->rndv_sends;
+    comm->rndv_sends = req;
+    return TERN_OK;
+}
+
+/* Offer a receive's buffer to its sender (lock held; req is in the posted
+ * list). An offer that cannot be made is no error: the sender stops waiting
+ * for it after RTR_WAIT_NS. */
+static void rtr_offer(tern__comm_t *comm, tern_request_t *req)
+{
+    bounce_t *b;
+    tern_status_t st = offer_build(comm, req, TERN_ACCESS_LOCAL | TERN_ACCESS_REMOTE_WRITE, &b);
+    if (st == TERN_OK)
+        st = send_bounce(comm, req->peer, tern_imm_make(TERN_IMM_CONTROL, 0, 0, CTRL_RTR), b);
+    if (st == TERN_OK) {
+        req->rtr = true;
+        return;
+    }
+    tern_debug("p2p: a %zu-byte receive from rank %d not offered (%s): its sender waits %llu ms",
+               req->len, req->peer, tern_strerror(st), RTR_WAIT_NS / 1000000);
+    tern_mr_dereg(req->mr);
+    req->mr = NULL;
+}
+
+void tern__p2p_rtr_tick(tern__comm_t *comm, uint64_t now)
+{
+    for (tern_request_t **pp = &comm->rtr_waits; *pp != NULL;) {
+        tern_request_t *r = *pp;
+        if (r->since == 0)
+            r->since = now;
+        if (now - r->since < RTR_WAIT_NS) {
+            pp = &r->next;
+            continue;
+        }
+        *pp = r->next;
+        tern_debug("p2p: rank %d offered no buffer for %llu ms (tag %d, %zu bytes): offering ours",
+                   r->peer, RTR_WAIT_NS / 1000000, r->tag, r->len);
+        tern_status_t st = send_rts(comm, r);
+        if (st != TERN_OK)
+            tern__req_complete(r, st);
+    }
 }
 
 /* An eager send (lock held, eager_fits): the payload is copied out, so the
@@ -539,13 +977,13 @@ tern_status_t tern__p2p_isend(tern__comm_t *comm, uint32_t cid, const void *buf,
     if (req_out == NULL)
         return tern__error(TERN_ERR_INVALID_PARAM, "isend: NULL request pointer");
     tern__comm_lock(comm);
-    st = tern__p2p_isend_locked(comm, cid, buf, len, dst, tag, req_out);
+    st = tern__p2p_isend_locked(comm, cid, buf, len, dst, tag, 0, req_out);
     pthread_mutex_unlock(&comm->lock);
     return st;
 }
 
 tern_status_t tern__p2p_isend_locked(tern__comm_t *comm, uint32_t cid, const void *buf, size_t len,
-                                     int dst, int tag, tern_request_t **req_out)
+                                     int dst, int tag, unsigned flags, tern_request_t **req_out)
 {
     tern_request_t *req;
     tern_status_t st;
@@ -561,38 +999,20 @@ tern_status_t tern__p2p_isend_locked(tern__comm_t *comm, uint32_t cid, const voi
         if ((st = send_eager(comm, cid, buf, len, dst, tag, &req->seq)) != TERN_OK)
             goto fail;
         tern__req_complete(req, TERN_OK); /* the payload is ours now: the buffer is free */
-    } else {
-        uint8_t key[TERN_RKEY_MAX];
-        size_t klen = sizeof(key);
-        tern_mr_params_t mp = {.field_mask = TERN_MR_PARAM_ACCESS,
-                               .access = TERN_ACCESS_LOCAL | TERN_ACCESS_REMOTE_READ};
-        if ((st = tern_mr_reg(comm->tp, (void *)buf, len, &mp, &req->mr)) != TERN_OK)
-            goto fail;
-        if ((st = tern_mr_pack(req->mr, key, &klen)) != TERN_OK)
-            goto fail;
-        bounce_t *b = bounce_new(comm, RTS_HDR + klen);
-        if (b == NULL) {
-            st = tern__error(TERN_ERR_NO_MEMORY, "isend: no memory");
-            goto fail;
+    } else if (rtr_fits(comm, cid, len, flags)) {
+        rtr_t *k = rtr_take(comm, dst, cid, tag, 0, false);
+        if (k != NULL) {
+            put_or_queue(comm, req, k); /* completes req if it fails */
+        } else {
+            req->next = comm->rtr_waits;
+            comm->rtr_waits = req;
         }
-        req->id = ++comm->next_id;
-        tern__put_le32(b->data, cid);
-        tern__put_le32(b->data + 4, (uint32_t)tag);
-        tern__put_le64(b->data + 8, len);
-        tern__put_le64(b->data + 16, req->id);
-        tern__put_le64(b->data + 24, (uintptr_t)buf);
-        tern__put_le32(b->data + 32, (uint32_t)klen);
-        memcpy(b->data + RTS_HDR, key, klen);
-        if ((st = send_bounce(comm, dst, msg_imm(comm, TERN_IMM_P2P_RNDV, dst, &req->seq), b)) !=
-            TERN_OK)
-            goto fail;
-        req->next = comm->rndv_sends;
-        comm->rndv_sends = req;
+    } else if ((st = send_rts(comm, req)) != TERN_OK) {
+        goto fail;
     }
     *req_out = req;
     return TERN_OK;
 fail:
-    tern_mr_dereg(req->mr);
     tern__req_free(comm, req);
     return st;
 }
@@ -635,7 +1055,8 @@ static void unlink_unexp(tern__comm_t *comm, unexp_t *u, unexp_t *prev)
  * (NULL if none; prev before it, as find_unexp gives them): it takes u, or
  * waits in the posted list. */
 static tern_status_t irecv_post(tern__comm_t *comm, uint32_t cid, void *buf, size_t cap, int src,
-                                int tag, unexp_t *u, unexp_t *prev, tern_request_t **req_out)
+                                int tag, unsigned flags, unexp_t *u, unexp_t *prev,
+                                tern_request_t **req_out)
 {
     tern_request_t *req;
 
@@ -653,6 +1074,8 @@ static tern_status_t irecv_post(tern__comm_t *comm, uint32_t cid, void *buf, siz
         else
             comm->posted_head = req;
         comm->posted_tail = req;
+        if (src != TERN_ANY_SOURCE && rtr_fits(comm, cid, cap, flags))
+            rtr_offer(comm, req);
     } else if (u->rndv) {
         start_get(comm, req, u->src, u->tag, u->seq, u->len, u->sreq, u->raddr, u->rkey,
                   u->rkey_len);
@@ -667,12 +1090,6 @@ static tern_status_t irecv_post(tern__comm_t *comm, uint32_t cid, void *buf, siz
     return TERN_OK;
 }
 
-static tern_status_t irecv_locked(tern__comm_t *comm, uint32_t cid, void *buf, size_t cap, int src,
-                                  int tag, tern_request_t **req_out)
-{
-    unexp_t *prev, *u = find_unexp(comm, cid, src, tag, &prev);
-    return irecv_post(comm, cid, buf, cap, src, tag, u, prev, req_out);
-}
 
 tern_status_t tern__p2p_irecv(tern__comm_t *comm, uint32_t cid, void *buf, size_t cap, int src,
                               int tag, tern_request_t **req_out)
@@ -681,16 +1098,19 @@ tern_status_t tern__p2p_irecv(tern__comm_t *comm, uint32_t cid, void *buf, size_
     if (req_out == NULL)
         return tern__error(TERN_ERR_INVALID_PARAM, "irecv: NULL request pointer");
     tern__comm_lock(comm);
-    st = tern__p2p_irecv_locked(comm, cid, buf, cap, src, tag, req_out);
+    st = tern__p2p_irecv_locked(comm, cid, buf, cap, src, tag, 0, req_out);
     pthread_mutex_unlock(&comm->lock);
     return st;
 }
 
 tern_status_t tern__p2p_irecv_locked(tern__comm_t *comm, uint32_t cid, void *buf, size_t cap,
-                                     int src, int tag, tern_request_t **req_out)
+                                     int src, int tag, unsigned flags, tern_request_t **req_out)
 {
     tern_status_t st = check_recv(comm, buf, cap, src, tag);
-    return st != TERN_OK ? st : irecv_locked(comm, cid, buf, cap, src, tag, req_out);
+    if (st != TERN_OK)
+        return st;
+    unexp_t *prev, *u = find_unexp(comm, cid, src, tag, &prev);
+    return irecv_post(comm, cid, buf, cap, src, tag, flags, u, prev, req_out);
 }
 
 /* ---- withdrawing ---- */
@@ -715,6 +1135,18 @@ bool tern__p2p_cancel(tern__comm_t *comm, tern_request_t *req)
     if (atomic_load(&req->done))
         return true;
     if (req->kind == REQ_RECV && unlink_req(&comm->posted_head, &comm->posted_tail, req)) {
+        rtr_withdraw(comm, req, true);
+        tern__req_complete(req, TERN_ERR_CANCELED);
+        return true;
+    }
+    if (req->kind == REQ_SEND && unlink_req(&comm->rtr_waits, NULL, req)) {
+        tern__req_complete(req, TERN_ERR_CANCELED);
+        return true;
+    }
+    if (req->kind == REQ_SEND && unlink_req(&comm->rtr_ready, &comm->rtr_ready_tail, req)) {
+        rtr_fail(comm, req->peer, req->offer->rid, req->len, TERN_ERR_CANCELED);
+        free(req->offer);
+        req->offer = NULL;
         tern__req_complete(req, TERN_ERR_CANCELED);
         return true;
     }
@@ -742,12 +1174,42 @@ void tern__p2p_peer_lost(tern__comm_t *comm, int peer, tern_status_t why)
                 for (tern_request_t *t = comm->posted_head; t; t = t->next)
                     comm->posted_tail = t;
             }
+            rtr_withdraw(comm, r, false);
             tern__req_complete(r, why);
             req_maybe_free(r);
         } else {
             pp = &r->next;
         }
     }
+    /* Sends waiting for its offer will never see it; its kept offers are void. */
+    for (pp = &comm->rtr_waits; *pp != NULL;) {
+        tern_request_t *r = *pp;
+        if (r->peer == peer) {
+            *pp = r->next;
+            tern__req_complete(r, why);
+            req_maybe_free(r);
+        } else {
+            pp = &r->next;
+        }
+    }
+    for (tern_request_t *r = comm->rtr_ready, *next, *prev = NULL; r != NULL; r = next) {
+        next = r->next;
+        if (r->peer != peer) {
+            prev = r;
+            continue;
+        }
+        if (prev != NULL)
+            prev->next = next;
+        else
+            comm->rtr_ready = next;
+        if (comm->rtr_ready_tail == r)
+            comm->rtr_ready_tail = prev;
+        free(r->offer);
+        r->offer = NULL;
+        tern__req_complete(r, why);
+        req_maybe_free(r);
+    }
+    rtrs_drop(comm, peer);
     /* Rendezvous sends to it will never see their FIN. */
     for (pp = &comm->rndv_sends; *pp != NULL;) {
         tern_request_t *r = *pp;
@@ -776,18 +1238,20 @@ tern_status_t tern__p2p_init(tern__comm_t *comm)
     const tern__config_t *cfg = tern__ctx_config(comm->ctx);
     comm->eager_limit = eager_cap(comm, cfg->eager_limit);
     comm->coll_eager_limit = eager_cap(comm, cfg->coll_eager_limit);
+    comm->rtr_on = cfg->coll_rtr && comm->attr.revokes_keys;
     comm->credit_per_peer = cfg->unexpected_max / comm->world;
     comm->credits = calloc(comm->world, sizeof(*comm->credits));
     comm->consumed = calloc(comm->world, sizeof(*comm->consumed));
     comm->sent = calloc(comm->world, sizeof(*comm->sent));
     comm->arrived = calloc(comm->world, sizeof(*comm->arrived));
+    comm->put_bytes = calloc(comm->world, sizeof(*comm->put_bytes));
     if (comm->credits == NULL || comm->consumed == NULL || comm->sent == NULL ||
-        comm->arrived == NULL)
+        comm->arrived == NULL || comm->put_bytes == NULL)
         return tern__error(TERN_ERR_NO_MEMORY, "p2p: no memory");
     for (unsigned r = 0; r < comm->world; r++)
         comm->credits[r] = (int64_t)comm->credit_per_peer;
     tern__comm_set_handler(comm, TERN_IMM_P2P_EAGER, on_eager, NULL);
-    tern__comm_set_handler(comm, TERN_IMM_P2P_RNDV, on_rts, NULL);
+    tern__comm_set_handler(comm, TERN_IMM_P2P_RNDV, on_rndv, NULL);
     tern__comm_set_handler(comm, TERN_IMM_CONTROL, on_control, NULL);
     return TERN_OK;
 }
@@ -805,8 +1269,25 @@ void tern__p2p_fini(tern__comm_t *comm)
     while (comm->posted_head != NULL) {
         tern_request_t *r = comm->posted_head;
         comm->posted_head = r->next;
+        rtr_withdraw(comm, r, false);
         tern__req_complete(r, TERN_ERR_CANCELED);
     }
+    while (comm->rtr_waits != NULL) {
+        tern_request_t *r = comm->rtr_waits;
+        comm->rtr_waits = r->next;
+        tern__req_complete(r, TERN_ERR_CANCELED);
+    }
+    while (comm->rtr_ready != NULL) {
+        tern_request_t *r = comm->rtr_ready;
+        comm->rtr_ready = r->next;
+        free(r->offer);
+        r->offer = NULL;
+        tern__req_complete(r, TERN_ERR_CANCELED);
+    }
+    comm->rtr_ready_tail = NULL;
+    free(comm->put_bytes);
+    comm->put_bytes = NULL;
+    rtrs_drop(comm, -1);
     while (comm->rndv_sends != NULL) {
         tern_request_t *r = comm->rndv_sends;
         comm->rndv_sends = r->next;
@@ -954,7 +1435,7 @@ tern_status_t tern__p2p_recv(tern__comm_t *comm, uint32_t cid, void *buf, size_t
         free(u);
         return st;
     }
-    if ((st = irecv_post(comm, cid, buf, cap, src, tag, u, prev, &req)) != TERN_OK) {
+    if ((st = irecv_post(comm, cid, buf, cap, src, tag, 0, u, prev, &req)) != TERN_OK) {
         pthread_mutex_unlock(&comm->lock);
         return st;
     }

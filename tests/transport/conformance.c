@@ -757,6 +757,60 @@ static void test_addresses(void **state)
 /* host_shm says whether peers on this host are reached through shared
  * memory: never for tcp; for ucx, exactly when UCX_TLS lets in one of UCX's
  * shared-memory transports (self, a process to itself, does not count). */
+/* A region unregistered while a put into it is arriving takes no more of it
+ * (providers with attr.revokes_keys): its owner may free the memory as soon
+ * as tern_mr_dereg returns. The put fails at both ends, and the endpoint
+ * stays usable. p2p relies on this when a receive withdraws the buffer it
+ * offered for a collective's message. */
+static void test_revoke_mid_put(void **state)
+{
+    pair_t *p = *state;
+    region_t local, remote;
+    const size_t len = 64u << 20;
+    if (!p->b.attr.revokes_keys)
+        skip();
+    region_make(p, &local, len, RW, 0);
+    region_make(p, &remote, len, RW, 1);
+    memset(local.mem, 0xa5, len);
+    memset(remote.mem, 0, len);
+    counter_t c = {0};
+    tern_op_params_t op = cb_params(&c);
+    op.field_mask |= TERN_OP_PARAM_MR | TERN_OP_PARAM_IMM;
+    op.mr = local.mr;
+    op.imm = tern_imm_make(TERN_IMM_P2P_RNDV, 0, 0, 9);
+    tern_status_t st = tern_ep_put(p->a.ep, local.mem, len, tern_rkey_addr(remote.rkey),
+                                   remote.rkey, &op);
+    assert_true(st == TERN_INPROGRESS);
+    /* Progress the target alone (the socket then fills and holds the rest)
+     * until the first bytes are in. */
+    uint64_t deadline = tern_clock_ns() + 60 * SEC;
+    while (remote.mem[0] == 0) {
+        if (tern_clock_ns() > deadline)
+            fail_msg("timed out waiting for the put's first bytes");
+        tern_transport_progress(p->a.tp);
+        tern_transport_progress(p->b.tp);
+    }
+    unsigned errors = p->b.nerror;
+    tern_mr_dereg(remote.mr);
+    remote.mr = NULL;
+    size_t in = 0; /* what had landed when the region went */
+    while (in < len && remote.mem[in] != 0)
+        in++;
+    PUMP_UNTIL(p, c.done, "the put's completion");
+    assert_int_equal(c.last, TERN_ERR_ACCESS);
+    PUMP_UNTIL(p, p->b.nerror > errors, "the target's error event");
+    assert_int_equal(p->b.err_status[errors], TERN_ERR_ACCESS);
+    assert_int_equal(p->b.nput_imm, 0);
+    print_message("%zu of %zu bytes had landed when the region was unregistered\n", in, len);
+    assert_true(in < len);
+    for (size_t i = in; i < len; i++)
+        if (remote.mem[i] != 0)
+            fail_msg("byte %zu was written after the region was unregistered", i);
+    expect_usable(p);
+    region_free(&local);
+    region_free(&remote);
+}
+
 static void test_host_shm(void **state)
 {
     pair_t *p = *state;
@@ -852,6 +906,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_revoked_key, setup, teardown),
         cmocka_unit_test_setup_teardown(test_local_checks, setup, teardown),
         cmocka_unit_test_setup_teardown(test_addresses, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_revoke_mid_put, setup, teardown),
         cmocka_unit_test_setup_teardown(test_host_shm, setup, teardown),
         cmocka_unit_test_setup_teardown(test_peer_closes_mid_transfer, setup, teardown),
     };

@@ -965,6 +965,17 @@ static int rx_payload(conn_t *c)
         }
         return 0;
     }
+    /* A region unregistered while a put into it is arriving takes no more of
+     * it: the rest is read and dropped, and the put refused. Its owner may
+     * free the memory as soon as tern_mr_dereg returns. */
+    if (f->type == F_PUT && c->dst != NULL && c->cur_mr != NULL && c->cur_mr->revoked) {
+        tern_debug("tcp: a %" PRIu64 "-byte put from peer %u lost its region after %" PRIu64
+                   " bytes; the rest is dropped",
+                   f->size, c->peer, c->got);
+        c->dst = NULL;
+        c->refused = true;
+        c->refusal = TERN_ERR_ACCESS;
+    }
     uint8_t *dst = c->dst != NULL ? c->dst + c->got : NULL;
     size_t n = take_buffered(c, dst, need > SIZE_MAX ? SIZE_MAX : (size_t)need);
     c->got += n;
@@ -1354,6 +1365,7 @@ static tern_status_t tcp_open(const tern__tp_config_t *cfg, tern_transport_t **t
     t->base.attr.max_send = MAX_SEND;
     t->base.attr.max_inline = TCP_INLINE;
     t->base.attr.max_put = MAX_PUT;
+    t->base.attr.revokes_keys = 1;
     t->base.attr.addr_len = t->addr_len;
     *tp_out = &t->base;
     return TERN_OK;
