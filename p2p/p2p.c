@@ -619,6 +619,12 @@ static void rtr_fail(tern__comm_t *comm, int dst, uint64_t rid, size_t len, tern
 
 static void start_put(tern__comm_t *comm, tern_request_t *req, const rtr_t *e);
 
+/* Whether a put of len bytes to dst must wait for the window (one always fits). */
+static bool window_full(const tern__comm_t *comm, int dst, size_t len)
+{
+    return comm->put_bytes[dst] > 0 && comm->put_bytes[dst] + len > PUT_WINDOW;
+}
+
 /* Start the puts waiting for dst's window, in order, while it has room. */
 static void put_window_drain(tern__comm_t *comm, int dst)
 {
@@ -630,7 +636,7 @@ static void put_window_drain(tern__comm_t *comm, int dst)
             pp = &r->next;
             continue;
         }
-        if (comm->put_bytes[dst] > 0 && comm->put_bytes[dst] + r->len > PUT_WINDOW)
+        if (window_full(comm, dst, r->len))
             return;
         *pp = r->next;
         if (comm->rtr_ready_tail == r)
@@ -649,7 +655,7 @@ static void put_window_drain(tern__comm_t *comm, int dst)
 static void put_or_queue(tern__comm_t *comm, tern_request_t *req, rtr_t *k)
 {
     int dst = req->peer;
-    if (comm->put_bytes[dst] > 0 && comm->put_bytes[dst] + req->len > PUT_WINDOW) {
+    if (window_full(comm, dst, req->len)) {
         req->offer = k;
         req->next = NULL;
         if (comm->rtr_ready_tail != NULL)
@@ -691,8 +697,8 @@ static void start_put(tern__comm_t *comm, tern_request_t *req, const rtr_t *e)
     tern_ep_t *ep;
     tern_status_t st;
     if (req->len > e->cap) {
-        st = tern__error(TERN_ERR_TRUNCATED, "send: rank %d offered %zu bytes for %zu (tag %d)", dst,
-                         e->cap, req->len, req->tag);
+        st = tern__error(TERN_ERR_TRUNCATED, "send: rank %d offered %zu bytes for %zu (tag %d)",
+                         dst, e->cap, req->len, req->tag);
         goto fail;
     }
     tern_mr_params_t mp = {.field_mask = TERN_MR_PARAM_ACCESS, .access = TERN_ACCESS_LOCAL};
@@ -897,7 +903,8 @@ static tern_status_t send_rts(tern__comm_t *comm, tern_request_t *req)
     bounce_t *b;
     tern_status_t st = offer_build(comm, req, TERN_ACCESS_LOCAL | TERN_ACCESS_REMOTE_READ, &b);
     if (st == TERN_OK)
-        st = send_bounce(comm, req->peer, msg_imm(comm, TERN_IMM_P2P_RNDV, req->peer, &req->seq), b);
+        st = send_bounce(comm, req->peer, msg_imm(comm, TERN_IMM_P2P_RNDV, req->peer, &req->seq),
+                         b);
     if (st != TERN_OK) {
         tern_mr_dereg(req->mr);
         req->mr = NULL;
@@ -1161,6 +1168,29 @@ bool tern__p2p_cancel(tern__comm_t *comm, tern_request_t *req)
 
 /* ---- life cycle ---- */
 
+/* Complete with why the sends to peer (-1: all) in a list of sends waiting
+ * for an offer or for the put window (tail: the list's, or NULL). */
+static void rtr_sends_fail(tern_request_t **head, tern_request_t **tail, int peer,
+                           tern_status_t why)
+{
+    tern_request_t *prev = NULL;
+    for (tern_request_t **pp = head; *pp != NULL;) {
+        tern_request_t *r = *pp;
+        if (peer >= 0 && r->peer != peer) {
+            prev = r;
+            pp = &r->next;
+            continue;
+        }
+        *pp = r->next;
+        if (tail != NULL && *tail == r)
+            *tail = prev;
+        free(r->offer);
+        r->offer = NULL;
+        tern__req_complete(r, why);
+        req_maybe_free(r);
+    }
+}
+
 void tern__p2p_peer_lost(tern__comm_t *comm, int peer, tern_status_t why)
 {
     tern_request_t **pp;
@@ -1181,34 +1211,10 @@ void tern__p2p_peer_lost(tern__comm_t *comm, int peer, tern_status_t why)
             pp = &r->next;
         }
     }
-    /* Sends waiting for its offer will never see it; its kept offers are void. */
-    for (pp = &comm->rtr_waits; *pp != NULL;) {
-        tern_request_t *r = *pp;
-        if (r->peer == peer) {
-            *pp = r->next;
-            tern__req_complete(r, why);
-            req_maybe_free(r);
-        } else {
-            pp = &r->next;
-        }
-    }
-    for (tern_request_t *r = comm->rtr_ready, *next, *prev = NULL; r != NULL; r = next) {
-        next = r->next;
-        if (r->peer != peer) {
-            prev = r;
-            continue;
-        }
-        if (prev != NULL)
-            prev->next = next;
-        else
-            comm->rtr_ready = next;
-        if (comm->rtr_ready_tail == r)
-            comm->rtr_ready_tail = prev;
-        free(r->offer);
-        r->offer = NULL;
-        tern__req_complete(r, why);
-        req_maybe_free(r);
-    }
+    /* Sends waiting for its offer, or for the put window with one, will never
+     * move; its kept offers are void. */
+    rtr_sends_fail(&comm->rtr_waits, NULL, peer, why);
+    rtr_sends_fail(&comm->rtr_ready, &comm->rtr_ready_tail, peer, why);
     rtrs_drop(comm, peer);
     /* Rendezvous sends to it will never see their FIN. */
     for (pp = &comm->rndv_sends; *pp != NULL;) {
@@ -1272,19 +1278,8 @@ void tern__p2p_fini(tern__comm_t *comm)
         rtr_withdraw(comm, r, false);
         tern__req_complete(r, TERN_ERR_CANCELED);
     }
-    while (comm->rtr_waits != NULL) {
-        tern_request_t *r = comm->rtr_waits;
-        comm->rtr_waits = r->next;
-        tern__req_complete(r, TERN_ERR_CANCELED);
-    }
-    while (comm->rtr_ready != NULL) {
-        tern_request_t *r = comm->rtr_ready;
-        comm->rtr_ready = r->next;
-        free(r->offer);
-        r->offer = NULL;
-        tern__req_complete(r, TERN_ERR_CANCELED);
-    }
-    comm->rtr_ready_tail = NULL;
+    rtr_sends_fail(&comm->rtr_waits, NULL, -1, TERN_ERR_CANCELED);
+    rtr_sends_fail(&comm->rtr_ready, &comm->rtr_ready_tail, -1, TERN_ERR_CANCELED);
     free(comm->put_bytes);
     comm->put_bytes = NULL;
     rtrs_drop(comm, -1);
