@@ -419,7 +419,7 @@ static void rtr_withdraw(tern__comm_t *comm, tern_request_t *req, bool tell)
     req->rtr = false;
     tern_mr_dereg(req->mr);
     req->mr = NULL;
-    if (tell) {
+    if (tell && comm->peer_failed[req->peer] == TERN_OK) {
         uint8_t msg[8];
         tern__put_le64(msg, req->id);
         send_ctrl(comm, req->peer, CTRL_RTR_CANCEL, msg, sizeof(msg));
@@ -611,6 +611,8 @@ static void on_rndv(tern__comm_t *comm, const tern_event_t *ev, void *arg)
 static void rtr_fail(tern__comm_t *comm, int dst, uint64_t rid, size_t len, tern_status_t st)
 {
     uint8_t msg[20];
+    if (comm->peer_failed[dst] != TERN_OK)
+        return;
     tern__put_le64(msg, rid);
     tern__put_le64(msg + 8, len);
     tern__put_le32(msg + 16, (uint32_t)st);

@@ -16,7 +16,9 @@
  *            others must fail within TERN_TIMEOUT with an error naming the
  *            operation, its sequence number and a rank;
  *   --hang   the last rank stops calling (alive): the others must time out
- *            naming the rank they wait on.
+ *            naming the rank they wait on;
+ *   --die-big as --die with 1 MiB all_reduces, whose messages go into
+ *            offered buffers (docs/p2p.md) or by rendezvous.
  */
 #include <inttypes.h>
 #include <math.h>
@@ -673,13 +675,14 @@ static void test_big(void)
  * fail in the victim's last call (#2) rather than the next one: both are
  * right, and the error must name whichever failed. #0 and #1 cannot fail: the
  * victim finishing #2 proves its partners finished #1. */
-static int test_failure(bool die)
+static int test_failure(bool die, size_t count)
 {
     int victim = world - 1;
-    int x[4] = {0};
+    int *x = xmalloc(count * sizeof(int));
+    memset(x, 0, count * sizeof(int));
     if (rank == victim) {
         for (int i = 0; i < 3; i++)
-            OK(tern_all_reduce(W, x, x, 4, TERN_DTYPE_I32, TERN_SUM, NULL));
+            OK(tern_all_reduce(W, x, x, count, TERN_DTYPE_I32, TERN_SUM, NULL));
         if (die)
             _exit(0); /* no finalize: the connections just close */
         sleep(9);
@@ -691,7 +694,7 @@ static int test_failure(bool die)
     for (int i = 0; i < 6; i++) {
         if (i == 2)
             t0 = tern_clock_ns();
-        st = tern_all_reduce(W, x, x, 4, TERN_DTYPE_I32, TERN_SUM, NULL);
+        st = tern_all_reduce(W, x, x, count, TERN_DTYPE_I32, TERN_SUM, NULL);
         if (st != TERN_OK) {
             failed = i;
             break;
@@ -729,7 +732,9 @@ int main(int argc, char **argv)
         printf("collectives over %s (%s), %d ranks, mode '%s'\n", prov, dev, world, mode);
 
     if (strcmp(mode, "--die") == 0 || strcmp(mode, "--hang") == 0)
-        return test_failure(strcmp(mode, "--die") == 0);
+        return test_failure(strcmp(mode, "--die") == 0, 4);
+    if (strcmp(mode, "--die-big") == 0)
+        return test_failure(true, 1u << 18); /* 1 MiB: messages above the eager limit */
     run_suite(W, true);
     test_bad_args();
     test_groups();
