@@ -28,7 +28,9 @@
  * RTR_WAIT_NS) still matches it; it then withdraws the offer (revoking the
  * key, so a put already on its way is refused) and says so with
  * RTR_CANCEL {id}. A send larger than the offer is refused with RTR_FAIL
- * {id, len, status}, which fails the receive as a truncation would.
+ * {id, len, status}, which fails the receive as a truncation would. Puts in
+ * flight to one peer are held to PUT_WINDOW bytes; the others wait, offer in
+ * hand, in the order their offers came.
  *
  * Control (class CONTROL, slot = kind): FIN; CREDIT {bytes}, returning eager
  * credit; NACK {tag, len, cap}, telling an eager sender its message was
