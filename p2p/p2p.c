@@ -30,7 +30,7 @@
  * RTR_CANCEL {id}. A send larger than the offer is refused with RTR_FAIL
  * {id, len, status}, which fails the receive as a truncation would. Puts in
  * flight to one peer are held to PUT_WINDOW bytes; the others wait, offer in
- * hand, in the order their offers came.
+ * hand, in the order they got it.
  *
  * Control (class CONTROL, slot = kind): FIN; CREDIT {bytes}, returning eager
  * credit; NACK {tag, len, cap}, telling an eager sender its message was
