@@ -44,6 +44,7 @@ struct tern_request {
     bool rtr;                  /* recv: its buffer is offered to the sender (p2p.c) */
     uint64_t since;            /* send: when it began waiting for an offer (0: not yet seen) */
     struct rtr *offer;         /* send: its receiver's offer, while it waits for the put window */
+    struct unexp *pend;        /* recv: its matched RTS, while it waits for the read window */
     uint64_t id;
     tern_mr_t *mr;
     tern_rkey_t *rkey;
@@ -128,6 +129,8 @@ struct tern__comm {
     tern_request_t *rtr_waits;
     tern_request_t *rtr_ready, *rtr_ready_tail; /* offered, waiting for the put window */
     size_t *put_bytes;        /* [world] bytes of puts into offered buffers in flight */
+    tern_request_t *get_waits, *get_waits_tail; /* matched, waiting for the read window */
+    size_t *get_bytes;        /* [world] bytes of rendezvous reads in flight from each peer */
     struct rtr *rtrs;
     unsigned nrtrs;
     uint64_t next_id;

@@ -29,8 +29,8 @@
  * key, so a put already on its way is refused) and says so with
  * RTR_CANCEL {id}. A send larger than the offer is refused with RTR_FAIL
  * {id, len, status}, which fails the receive as a truncation would. Puts in
- * flight to one peer are held to PUT_WINDOW bytes; the others wait, offer in
- * hand, in the order they got it.
+ * flight to one peer, and reads from one, are held to the transport's
+ * rx_window (get_or_queue); the others wait in order.
  *
  * Control (class CONTROL, slot = kind): FIN; CREDIT {bytes}, returning eager
  * credit; NACK {tag, len, cap}, telling an eager sender its message was
@@ -85,11 +85,6 @@ enum ctrl {
 /* Offers kept for sends not yet posted; more from a peer gone astray are
  * dropped (the send then waits RTR_WAIT_NS and offers its own buffer). */
 #define RTRS_MAX 4096
-/* Bytes of puts in flight to one peer (at least one put). Past this the
- * peer's socket fills while it is busy elsewhere, and spliced payloads then
- * make the kernel prune its receive queue and drop segments: 200 ms
- * retransmission stalls at 16 MiB and above without the window. */
-#define PUT_WINDOW ((size_t)1 << 20)
 
 /* A receiver's offer, kept until its send is posted. */
 typedef struct rtr {
@@ -318,13 +313,18 @@ static void deliver_eager(tern__comm_t *comm, tern_request_t *req, int src, int 
     tern__req_complete(req, copy_eager(comm, req->buf, req->len, src, tag, data, len));
 }
 
+static void get_window_drain(tern__comm_t *comm, int src);
+
 static void get_done(void *arg, tern_status_t st)
 {
     tern_request_t *req = arg;
     tern__comm_t *comm = req->comm;
     int src = req->info.source;
     bool truncated = req->info.len > req->len;
+    bool open = comm->get_bytes != NULL; /* else the transport's close cancels it after fini */
 
+    if (open)
+        comm->get_bytes[src] -= req->info.len < req->len ? req->info.len : req->len;
     req->ops--;
     tern_rkey_release(req->rkey);
     tern_mr_dereg(req->mr);
@@ -336,6 +336,8 @@ static void get_done(void *arg, tern_status_t st)
         tern__req_complete(req, fin);
     }
     req_maybe_free(req);
+    if (open)
+        get_window_drain(comm, src);
 }
 
 /* A rendezvous message matched req: read it straight into the user's buffer. */
@@ -360,6 +362,7 @@ static void start_get(tern__comm_t *comm, tern_request_t *req, int src, int tag,
     tern_op_params_t op = {.field_mask = TERN_OP_PARAM_CB | TERN_OP_PARAM_MR,
                            .cb = get_done, .cb_arg = req, .mr = req->mr};
     req->ops++;
+    comm->get_bytes[src] += n;
     st = tern_ep_get(ep, req->buf, n, raddr, req->rkey, &op);
     if (st == TERN_OK) {
         get_done(req, TERN_OK);
@@ -367,6 +370,7 @@ static void start_get(tern__comm_t *comm, tern_request_t *req, int src, int tag,
     }
     if (st == TERN_INPROGRESS)
         return;
+    comm->get_bytes[src] -= n;
     req->ops--;
 fail:
     tern_rkey_release(req->rkey);
@@ -375,6 +379,74 @@ fail:
     req->mr = NULL;
     send_fin(comm, src, sreq, st);
     tern__req_complete(req, st);
+}
+
+/* Whether a read of len bytes from src must wait for the window (below; one
+ * always goes). */
+static bool get_window_full(const tern__comm_t *comm, int src, size_t len)
+{
+    size_t w = comm->attr.rx_window;
+    return w > 0 && comm->get_bytes[src] > 0 && comm->get_bytes[src] + len > w;
+}
+
+static void start_get_of(tern__comm_t *comm, tern_request_t *req, const unexp_t *u)
+{
+    start_get(comm, req, u->src, u->tag, u->seq, u->len, u->sreq, u->raddr, u->rkey, u->rkey_len);
+}
+
+/*
+ * The windows. Data on its way from one peer to another, by puts into
+ * offered buffers or by the replies to rendezvous reads, is held to the
+ * transport's attr.rx_window (tcp: its socket buffer) at a time, and at least
+ * one operation always goes. Past it the receiving socket fills while its
+ * process is busy elsewhere, and the kernel prunes its receive queue and
+ * drops segments, each a 200 ms retransmission stall: a 2-rank bibw of 4 MiB
+ * messages counted 5-8 of them per run and 26,000-42,000 retransmitted
+ * segments without the read window, none and about 1,000 with it (docs/perf.md).
+ */
+
+/* Read the rendezvous message u (taken over) into req, now or when the read
+ * window from its sender has room. */
+static void get_or_queue(tern__comm_t *comm, tern_request_t *req, unexp_t *u)
+{
+    size_t n = u->len < req->len ? u->len : req->len;
+    if (get_window_full(comm, u->src, n)) {
+        req->pend = u;
+        req->next = NULL;
+        if (comm->get_waits_tail != NULL)
+            comm->get_waits_tail->next = req;
+        else
+            comm->get_waits = req;
+        comm->get_waits_tail = req;
+        return;
+    }
+    start_get_of(comm, req, u);
+    free(u);
+}
+
+/* Start the reads waiting for src's window, in order, while it has room. */
+static void get_window_drain(tern__comm_t *comm, int src)
+{
+    tern_request_t **pp = &comm->get_waits, *prev = NULL;
+    while (*pp != NULL) {
+        tern_request_t *r = *pp;
+        unexp_t *u = r->pend;
+        if (u->src != src) {
+            prev = r;
+            pp = &r->next;
+            continue;
+        }
+        if (get_window_full(comm, src, u->len < r->len ? u->len : r->len))
+            return;
+        *pp = r->next;
+        if (comm->get_waits_tail == r)
+            comm->get_waits_tail = prev;
+        r->pend = NULL;
+        start_get_of(comm, r, u); /* may drain again, from get_done: rescan */
+        free(u);
+        pp = &comm->get_waits;
+        prev = NULL;
+    }
 }
 
 /* Unlink *pp (prev before it) from the posted list and return it. */
@@ -590,21 +662,21 @@ static void on_rndv(tern__comm_t *comm, const tern_event_t *ev, void *arg)
         return;
     }
     uint64_t seq = msg_seq(comm, src, ev->imm);
-    tern_request_t *req = take_posted(comm, o.cid, src, o.tag);
-    if (req != NULL) {
-        rtr_withdraw(comm, req, true);
-        start_get(comm, req, src, o.tag, seq, (size_t)o.len, o.id, o.addr, o.rkey, o.rkey_len);
-        return;
-    }
     unexp_t *u = calloc(1, sizeof(*u));
     if (u == NULL) {
-        tern_error("p2p: no memory to queue a rendezvous from rank %d", src);
+        tern_error("p2p: no memory to take a rendezvous from rank %d", src);
         send_fin(comm, src, o.id, TERN_ERR_NO_MEMORY);
         return;
     }
     *u = (unexp_t){.cid = o.cid, .src = src, .tag = o.tag, .len = (size_t)o.len, .rndv = true,
                    .sreq = o.id, .raddr = o.addr, .rkey_len = o.rkey_len, .seq = seq};
     memcpy(u->rkey, o.rkey, o.rkey_len);
+    tern_request_t *req = take_posted(comm, o.cid, src, o.tag);
+    if (req != NULL) {
+        rtr_withdraw(comm, req, true);
+        get_or_queue(comm, req, u);
+        return;
+    }
     append_unexp(comm, u);
 }
 
@@ -623,10 +695,12 @@ static void rtr_fail(tern__comm_t *comm, int dst, uint64_t rid, size_t len, tern
 
 static void start_put(tern__comm_t *comm, tern_request_t *req, const rtr_t *e);
 
-/* Whether a put of len bytes to dst must wait for the window (one always fits). */
+/* Whether a put of len bytes to dst must wait for the window (get_or_queue;
+ * one always goes). */
 static bool window_full(const tern__comm_t *comm, int dst, size_t len)
 {
-    return comm->put_bytes[dst] > 0 && comm->put_bytes[dst] + len > PUT_WINDOW;
+    size_t w = comm->attr.rx_window; /* the peer's, configured as ours */
+    return w > 0 && comm->put_bytes[dst] > 0 && comm->put_bytes[dst] + len > w;
 }
 
 /* Start the puts waiting for dst's window, in order, while it has room. */
@@ -1088,9 +1162,7 @@ static tern_status_t irecv_post(tern__comm_t *comm, uint32_t cid, void *buf, siz
         if (src != TERN_ANY_SOURCE && rtr_fits(comm, cid, cap, flags))
             rtr_offer(comm, req);
     } else if (u->rndv) {
-        start_get(comm, req, u->src, u->tag, u->seq, u->len, u->sreq, u->raddr, u->rkey,
-                  u->rkey_len);
-        free(u);
+        get_or_queue(comm, req, u);
     } else {
         comm->unexpected_bytes -= u->len;
         deliver_eager(comm, req, u->src, u->tag, u->seq, u->data, u->len);
@@ -1172,6 +1244,28 @@ bool tern__p2p_cancel(tern__comm_t *comm, tern_request_t *req)
 
 /* ---- life cycle ---- */
 
+/* Complete with why the receives from peer (-1: all) waiting for the read
+ * window. */
+static void gets_fail(tern__comm_t *comm, int peer, tern_status_t why)
+{
+    tern_request_t *prev = NULL;
+    for (tern_request_t **pp = &comm->get_waits; *pp != NULL;) {
+        tern_request_t *r = *pp;
+        if (peer >= 0 && r->pend->src != peer) {
+            prev = r;
+            pp = &r->next;
+            continue;
+        }
+        *pp = r->next;
+        if (comm->get_waits_tail == r)
+            comm->get_waits_tail = prev;
+        free(r->pend);
+        r->pend = NULL;
+        tern__req_complete(r, why);
+        req_maybe_free(r);
+    }
+}
+
 /* Complete with why the sends to peer (-1: all) in a list of sends waiting
  * for an offer or for the put window (tail: the list's, or NULL). */
 static void rtr_sends_fail(tern_request_t **head, tern_request_t **tail, int peer,
@@ -1220,6 +1314,8 @@ void tern__p2p_peer_lost(tern__comm_t *comm, int peer, tern_status_t why)
     rtr_sends_fail(&comm->rtr_waits, NULL, peer, why);
     rtr_sends_fail(&comm->rtr_ready, &comm->rtr_ready_tail, peer, why);
     rtrs_drop(comm, peer);
+    /* Reads from it waiting for the window will never run. */
+    gets_fail(comm, peer, why);
     /* Rendezvous sends to it will never see their FIN. */
     for (pp = &comm->rndv_sends; *pp != NULL;) {
         tern_request_t *r = *pp;
@@ -1255,8 +1351,9 @@ tern_status_t tern__p2p_init(tern__comm_t *comm)
     comm->sent = calloc(comm->world, sizeof(*comm->sent));
     comm->arrived = calloc(comm->world, sizeof(*comm->arrived));
     comm->put_bytes = calloc(comm->world, sizeof(*comm->put_bytes));
+    comm->get_bytes = calloc(comm->world, sizeof(*comm->get_bytes));
     if (comm->credits == NULL || comm->consumed == NULL || comm->sent == NULL ||
-        comm->arrived == NULL || comm->put_bytes == NULL)
+        comm->arrived == NULL || comm->put_bytes == NULL || comm->get_bytes == NULL)
         return tern__error(TERN_ERR_NO_MEMORY, "p2p: no memory");
     for (unsigned r = 0; r < comm->world; r++)
         comm->credits[r] = (int64_t)comm->credit_per_peer;
@@ -1284,6 +1381,9 @@ void tern__p2p_fini(tern__comm_t *comm)
     }
     rtr_sends_fail(&comm->rtr_waits, NULL, -1, TERN_ERR_CANCELED);
     rtr_sends_fail(&comm->rtr_ready, &comm->rtr_ready_tail, -1, TERN_ERR_CANCELED);
+    gets_fail(comm, -1, TERN_ERR_CANCELED);
+    free(comm->get_bytes);
+    comm->get_bytes = NULL;
     free(comm->put_bytes);
     comm->put_bytes = NULL;
     rtrs_drop(comm, -1);

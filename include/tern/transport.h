@@ -114,6 +114,9 @@ typedef struct tern_transport_attr {
     int host_shm;         /* peers on this host are reached through shared memory, where a
                              get is the initiator's own copy (ucx with an sm transport), not
                              through a network path (tcp, verbs) */
+    size_t rx_window;     /* bytes of puts and read replies one peer may have on their way
+                             to this process at once without loss (tcp: its socket buffer,
+                             past which the kernel prunes and drops); 0: no bound */
     int revokes_keys;     /* the target takes part in every put and get, so one naming a
                              region its owner has unregistered is refused, even one whose
                              data is still arriving (tcp, verbs); ucx's one-sided RMA

@@ -824,6 +824,25 @@ static void test_host_shm(void **state)
     assert_int_equal(p->b.attr.host_shm, want);
 }
 
+/* tcp bounds what is on its way to a process by its socket buffer
+ * (TERN_TCP_SOCKBUF, 4 MiB by default; p2p holds puts and read replies in
+ * flight to it), and is the provider that refuses revoked keys; ucx needs no
+ * bound and cannot refuse. */
+static void test_rx_window_and_keys(void **state)
+{
+    pair_t *p = *state;
+    const char *sb = getenv("TERN_TCP_SOCKBUF");
+    int tcp = strcmp(provider, "tcp") == 0;
+    size_t want = !tcp ? 0 : sb == NULL || strcmp(sb, "0") == 0 ? (size_t)4 << 20
+                                                                  : (size_t)strtoull(sb, NULL, 0);
+    if (tcp && sb != NULL && strcmp(sb, "0") != 0 && strspn(sb, "0123456789") != strlen(sb))
+        skip(); /* a size with a unit: not worth parsing here */
+    print_message("%s: rx_window %zu, revokes_keys %d\n", provider, p->a.attr.rx_window,
+                  p->a.attr.revokes_keys);
+    assert_int_equal(p->a.attr.rx_window, want);
+    assert_int_equal(p->a.attr.revokes_keys, tcp);
+}
+
 /* ---- the peer goes away ---- */
 
 static void test_peer_closes_mid_transfer(void **state)
@@ -908,6 +927,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_addresses, setup, teardown),
         cmocka_unit_test_setup_teardown(test_revoke_mid_put, setup, teardown),
         cmocka_unit_test_setup_teardown(test_host_shm, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_rx_window_and_keys, setup, teardown),
         cmocka_unit_test_setup_teardown(test_peer_closes_mid_transfer, setup, teardown),
     };
     return cmocka_run_group_tests_name(provider, tests, NULL, NULL);

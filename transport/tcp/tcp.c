@@ -1402,6 +1402,9 @@ static tern_status_t tcp_open(const tern__tp_config_t *cfg, tern_transport_t **t
     t->base.attr.max_inline = TCP_INLINE;
     t->base.attr.max_put = MAX_PUT;
     t->base.attr.revokes_keys = 1;
+    /* What the socket holds as configured; autotuned sockets (TERN_TCP_SOCKBUF
+     * 0) start smaller, so the default's size bounds them too. */
+    t->base.attr.rx_window = t->sockbuf > 0 ? t->sockbuf : (size_t)4 << 20;
     t->base.attr.addr_len = t->addr_len;
     *tp_out = &t->base;
     return TERN_OK;
