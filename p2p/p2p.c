@@ -405,6 +405,17 @@ static void start_get_of(tern__comm_t *comm, tern_request_t *req, const unexp_t 
  * segments without the read window, none and about 1,000 with it (docs/perf.md).
  */
 
+/* Append req to a list of requests waiting for a window. */
+static void fifo_push(tern_request_t **head, tern_request_t **tail, tern_request_t *req)
+{
+    req->next = NULL;
+    if (*tail != NULL)
+        (*tail)->next = req;
+    else
+        *head = req;
+    *tail = req;
+}
+
 /* Read the rendezvous message u (taken over) into req, now or when the read
  * window from its sender has room. */
 static void get_or_queue(tern__comm_t *comm, tern_request_t *req, unexp_t *u)
@@ -412,12 +423,7 @@ static void get_or_queue(tern__comm_t *comm, tern_request_t *req, unexp_t *u)
     size_t n = u->len < req->len ? u->len : req->len;
     if (get_window_full(comm, u->src, n)) {
         req->pend = u;
-        req->next = NULL;
-        if (comm->get_waits_tail != NULL)
-            comm->get_waits_tail->next = req;
-        else
-            comm->get_waits = req;
-        comm->get_waits_tail = req;
+        fifo_push(&comm->get_waits, &comm->get_waits_tail, req);
         return;
     }
     start_get_of(comm, req, u);
@@ -735,12 +741,7 @@ static void put_or_queue(tern__comm_t *comm, tern_request_t *req, rtr_t *k)
     int dst = req->peer;
     if (window_full(comm, dst, req->len)) {
         req->offer = k;
-        req->next = NULL;
-        if (comm->rtr_ready_tail != NULL)
-            comm->rtr_ready_tail->next = req;
-        else
-            comm->rtr_ready = req;
-        comm->rtr_ready_tail = req;
+        fifo_push(&comm->rtr_ready, &comm->rtr_ready_tail, req);
         return;
     }
     start_put(comm, req, k);
