@@ -212,7 +212,6 @@ typedef struct tcp_tp {
     int events;     /* events delivered in this progress call */
     struct conn *hot; /* whose data the last epoll round handled (tcp_progress) */
     int hot_streak;   /* progress calls in a row served by hot alone */
-    int hot_idle;     /* progress calls in a row that found hot empty */
     size_t zcopy_min; /* payloads this large go by splice_payload(); 0: never */
 } tcp_tp_t;
 
@@ -1124,10 +1123,12 @@ static void on_accept(tcp_tp_t *t)
  * The hot connection (the one whose data the last epoll round handled) is
  * read first, without asking epoll: a waiter on one peer (a ping-pong's
  * reply, the next part of a stream) then finds its message with one system
- * call instead of two, and an idle poll costs one. Every HOT_MAX-th call in
- * a row that the hot connection served, or found empty, goes through
- * epoll_wait, as does one where it has something to write, so other
+ * call instead of two. When it has nothing, or has served HOT_MAX calls in a
+ * row, or has something to write, the call goes through epoll_wait, so other
  * connections, the listener and EPOLLOUT wait at most HOT_MAX - 1 calls.
+ * (Leaving out epoll_wait on idle polls too gained 2-3 % on a 2-rank
+ * ping-pong but cost an oversubscribed 4-rank 8 B all_reduce 30-50 %: a
+ * message from another peer then waited up to three yields of the core.)
  */
 static int tcp_progress(tern_transport_t *tp)
 {
@@ -1143,10 +1144,7 @@ static int tcp_progress(tern_transport_t *tp)
             conn_reap(t);
             return t->events > 0 ? t->events : 1;
         }
-        if (++t->hot_idle < HOT_MAX)
-            return 0;
     }
-    t->hot_idle = 0;
     t->hot_streak = 0;
     int n = epoll_wait(t->epfd, evs, 64, 0);
     for (int i = 0; i < n; i++) {
