@@ -30,7 +30,7 @@
  * RTR_CANCEL {id}. A send larger than the offer is refused with RTR_FAIL
  * {id, len, status}, which fails the receive as a truncation would. Puts in
  * flight to one peer, and reads from one, are held to the transport's
- * rx_window (get_or_queue); the others wait in order.
+ * rx_window (the windows, below); the others wait in order.
  *
  * Control (class CONTROL, slot = kind): FIN; CREDIT {bytes}, returning eager
  * credit; NACK {tag, len, cap}, telling an eager sender its message was
@@ -313,7 +313,90 @@ static void deliver_eager(tern__comm_t *comm, tern_request_t *req, int src, int 
     tern__req_complete(req, copy_eager(comm, req->buf, req->len, src, tag, data, len));
 }
 
-static void get_window_drain(tern__comm_t *comm, int src);
+/*
+ * The windows. Data on its way from one peer to another, by puts into
+ * offered buffers or by the replies to rendezvous reads, is held to the
+ * transport's attr.rx_window (tcp: its socket buffer) at a time, and at least
+ * one operation always goes. Past it the receiving socket fills while its
+ * process is busy elsewhere, and the kernel prunes its receive queue and
+ * drops segments, each a 200 ms retransmission stall: a 2-rank bibw of 4 MiB
+ * messages counted 5-8 of them per run and 26,000-42,000 retransmitted
+ * segments without the read window, none and about 1,000 with it (docs/perf.md).
+ * A send waiting for the window holds its receiver's offer (req->offer), a
+ * receive its sender's RTS (req->pend).
+ */
+
+static void start_get(tern__comm_t *comm, tern_request_t *req, const unexp_t *u);
+static void start_put(tern__comm_t *comm, tern_request_t *req, const rtr_t *e);
+
+/* The peer a waiting request moves data with. */
+static int wait_peer(const tern_request_t *r)
+{
+    return r->pend != NULL ? r->pend->src : r->peer;
+}
+
+/* The bytes it moves: a send's, or what a read takes of its message. */
+static size_t wait_len(const tern_request_t *r)
+{
+    if (r->pend == NULL)
+        return r->len;
+    return r->pend->len < r->len ? r->pend->len : r->len;
+}
+
+/* Whether len more bytes must wait, with inflight already on their way
+ * between us and the peer (for puts, the peer's window, configured as ours). */
+static bool window_full(const tern__comm_t *comm, size_t inflight, size_t len)
+{
+    size_t w = comm->attr.rx_window;
+    return w > 0 && inflight > 0 && inflight + len > w;
+}
+
+/* Append req to a list of requests waiting for a window. */
+static void fifo_push(tern_request_t **head, tern_request_t **tail, tern_request_t *req)
+{
+    req->next = NULL;
+    if (*tail != NULL)
+        (*tail)->next = req;
+    else
+        *head = req;
+    *tail = req;
+}
+
+/* Start the puts or reads in a window queue (head, tail) that wait for
+ * peer's window (bytes: what is in flight with each peer), in order, while
+ * it has room. */
+static void window_drain(tern__comm_t *comm, tern_request_t **head, tern_request_t **tail,
+                         const size_t *bytes, int peer)
+{
+    tern_request_t **pp = head, *prev = NULL;
+    while (*pp != NULL) {
+        tern_request_t *r = *pp;
+        if (wait_peer(r) != peer) {
+            prev = r;
+            pp = &r->next;
+            continue;
+        }
+        if (window_full(comm, bytes[peer], wait_len(r)))
+            return;
+        *pp = r->next;
+        if (*tail == r)
+            *tail = prev;
+        if (r->pend != NULL) {
+            unexp_t *u = r->pend;
+            r->pend = NULL;
+            start_get(comm, r, u);
+            free(u);
+        } else {
+            rtr_t *k = r->offer;
+            r->offer = NULL;
+            start_put(comm, r, k);
+            free(k);
+        }
+        /* Starting may have drained the queue again (get_done, put_done). */
+        pp = head;
+        prev = NULL;
+    }
+}
 
 static void get_done(void *arg, tern_status_t st)
 {
@@ -337,33 +420,33 @@ static void get_done(void *arg, tern_status_t st)
     }
     req_maybe_free(req);
     if (open)
-        get_window_drain(comm, src);
+        window_drain(comm, &comm->get_waits, &comm->get_waits_tail, comm->get_bytes, src);
 }
 
-/* A rendezvous message matched req: read it straight into the user's buffer. */
-static void start_get(tern__comm_t *comm, tern_request_t *req, int src, int tag, uint64_t seq,
-                      size_t len, uint64_t sreq, uint64_t raddr, const uint8_t *rkey,
-                      uint32_t rkey_len)
+/* The rendezvous message u matched req: read it straight into the user's
+ * buffer. */
+static void start_get(tern__comm_t *comm, tern_request_t *req, const unexp_t *u)
 {
     tern_ep_t *ep;
-    size_t n = len < req->len ? len : req->len;
+    int src = u->src;
+    size_t n = u->len < req->len ? u->len : req->len;
     tern_status_t st;
 
-    req->info = (tern_msg_info_t){.source = src, .tag = tag, .len = len};
-    req->seq = seq;
-    req->id = sreq;
+    req->info = (tern_msg_info_t){.source = src, .tag = u->tag, .len = u->len};
+    req->seq = u->seq;
+    req->id = u->sreq;
     if ((st = tern__comm_ep(comm, src, &ep)) != TERN_OK)
         goto fail;
     tern_mr_params_t mp = {.field_mask = TERN_MR_PARAM_ACCESS, .access = TERN_ACCESS_LOCAL};
     if ((st = tern_mr_reg(comm->tp, req->buf, n, &mp, &req->mr)) != TERN_OK)
         goto fail;
-    if ((st = tern_rkey_unpack(ep, rkey, rkey_len, &req->rkey)) != TERN_OK)
+    if ((st = tern_rkey_unpack(ep, u->rkey, u->rkey_len, &req->rkey)) != TERN_OK)
         goto fail;
     tern_op_params_t op = {.field_mask = TERN_OP_PARAM_CB | TERN_OP_PARAM_MR,
                            .cb = get_done, .cb_arg = req, .mr = req->mr};
     req->ops++;
     comm->get_bytes[src] += n;
-    st = tern_ep_get(ep, req->buf, n, raddr, req->rkey, &op);
+    st = tern_ep_get(ep, req->buf, n, u->raddr, req->rkey, &op);
     if (st == TERN_OK) {
         get_done(req, TERN_OK);
         return;
@@ -377,43 +460,8 @@ fail:
     tern_mr_dereg(req->mr);
     req->rkey = NULL;
     req->mr = NULL;
-    send_fin(comm, src, sreq, st);
+    send_fin(comm, src, u->sreq, st);
     tern__req_complete(req, st);
-}
-
-/* Whether a read of len bytes from src must wait for the window (below; one
- * always goes). */
-static bool get_window_full(const tern__comm_t *comm, int src, size_t len)
-{
-    size_t w = comm->attr.rx_window;
-    return w > 0 && comm->get_bytes[src] > 0 && comm->get_bytes[src] + len > w;
-}
-
-static void start_get_of(tern__comm_t *comm, tern_request_t *req, const unexp_t *u)
-{
-    start_get(comm, req, u->src, u->tag, u->seq, u->len, u->sreq, u->raddr, u->rkey, u->rkey_len);
-}
-
-/*
- * The windows. Data on its way from one peer to another, by puts into
- * offered buffers or by the replies to rendezvous reads, is held to the
- * transport's attr.rx_window (tcp: its socket buffer) at a time, and at least
- * one operation always goes. Past it the receiving socket fills while its
- * process is busy elsewhere, and the kernel prunes its receive queue and
- * drops segments, each a 200 ms retransmission stall: a 2-rank bibw of 4 MiB
- * messages counted 5-8 of them per run and 26,000-42,000 retransmitted
- * segments without the read window, none and about 1,000 with it (docs/perf.md).
- */
-
-/* Append req to a list of requests waiting for a window. */
-static void fifo_push(tern_request_t **head, tern_request_t **tail, tern_request_t *req)
-{
-    req->next = NULL;
-    if (*tail != NULL)
-        (*tail)->next = req;
-    else
-        *head = req;
-    *tail = req;
 }
 
 /* Read the rendezvous message u (taken over) into req, now or when the read
@@ -421,38 +469,13 @@ static void fifo_push(tern_request_t **head, tern_request_t **tail, tern_request
 static void get_or_queue(tern__comm_t *comm, tern_request_t *req, unexp_t *u)
 {
     size_t n = u->len < req->len ? u->len : req->len;
-    if (get_window_full(comm, u->src, n)) {
+    if (window_full(comm, comm->get_bytes[u->src], n)) {
         req->pend = u;
         fifo_push(&comm->get_waits, &comm->get_waits_tail, req);
         return;
     }
-    start_get_of(comm, req, u);
+    start_get(comm, req, u);
     free(u);
-}
-
-/* Start the reads waiting for src's window, in order, while it has room. */
-static void get_window_drain(tern__comm_t *comm, int src)
-{
-    tern_request_t **pp = &comm->get_waits, *prev = NULL;
-    while (*pp != NULL) {
-        tern_request_t *r = *pp;
-        unexp_t *u = r->pend;
-        if (u->src != src) {
-            prev = r;
-            pp = &r->next;
-            continue;
-        }
-        if (get_window_full(comm, src, u->len < r->len ? u->len : r->len))
-            return;
-        *pp = r->next;
-        if (comm->get_waits_tail == r)
-            comm->get_waits_tail = prev;
-        r->pend = NULL;
-        start_get_of(comm, r, u); /* may drain again, from get_done: rescan */
-        free(u);
-        pp = &comm->get_waits;
-        prev = NULL;
-    }
 }
 
 /* Unlink *pp (prev before it) from the posted list and return it. */
@@ -699,47 +722,11 @@ static void rtr_fail(tern__comm_t *comm, int dst, uint64_t rid, size_t len, tern
     send_ctrl(comm, dst, CTRL_RTR_FAIL, msg, sizeof(msg));
 }
 
-static void start_put(tern__comm_t *comm, tern_request_t *req, const rtr_t *e);
-
-/* Whether a put of len bytes to dst must wait for the window (get_or_queue;
- * one always goes). */
-static bool window_full(const tern__comm_t *comm, int dst, size_t len)
-{
-    size_t w = comm->attr.rx_window; /* the peer's, configured as ours */
-    return w > 0 && comm->put_bytes[dst] > 0 && comm->put_bytes[dst] + len > w;
-}
-
-/* Start the puts waiting for dst's window, in order, while it has room. */
-static void put_window_drain(tern__comm_t *comm, int dst)
-{
-    tern_request_t **pp = &comm->rtr_ready, *prev = NULL;
-    while (*pp != NULL) {
-        tern_request_t *r = *pp;
-        if (r->peer != dst) {
-            prev = r;
-            pp = &r->next;
-            continue;
-        }
-        if (window_full(comm, dst, r->len))
-            return;
-        *pp = r->next;
-        if (comm->rtr_ready_tail == r)
-            comm->rtr_ready_tail = prev;
-        rtr_t *k = r->offer;
-        r->offer = NULL;
-        start_put(comm, r, k); /* may drain again, from put_done: pp is re-read below */
-        free(k);
-        pp = &comm->rtr_ready;
-        prev = NULL;
-    }
-}
-
 /* Put req into its receiver's offer k (taken over), now or when dst's
  * window has room. */
 static void put_or_queue(tern__comm_t *comm, tern_request_t *req, rtr_t *k)
 {
-    int dst = req->peer;
-    if (window_full(comm, dst, req->len)) {
+    if (window_full(comm, comm->put_bytes[req->peer], req->len)) {
         req->offer = k;
         fifo_push(&comm->rtr_ready, &comm->rtr_ready_tail, req);
         return;
@@ -765,7 +752,7 @@ static void put_done(void *arg, tern_status_t st)
         tern__req_complete(req, st);
     req_maybe_free(req);
     if (open)
-        put_window_drain(comm, dst);
+        window_drain(comm, &comm->rtr_ready, &comm->rtr_ready_tail, comm->put_bytes, dst);
 }
 
 /* Write a send into the buffer its receiver offered (lock held). Whatever
@@ -1174,7 +1161,6 @@ static tern_status_t irecv_post(tern__comm_t *comm, uint32_t cid, void *buf, siz
     return TERN_OK;
 }
 
-
 tern_status_t tern__p2p_irecv(tern__comm_t *comm, uint32_t cid, void *buf, size_t cap, int src,
                               int tag, tern_request_t **req_out)
 {
@@ -1245,37 +1231,15 @@ bool tern__p2p_cancel(tern__comm_t *comm, tern_request_t *req)
 
 /* ---- life cycle ---- */
 
-/* Complete with why the receives from peer (-1: all) waiting for the read
- * window. */
-static void gets_fail(tern__comm_t *comm, int peer, tern_status_t why)
-{
-    tern_request_t *prev = NULL;
-    for (tern_request_t **pp = &comm->get_waits; *pp != NULL;) {
-        tern_request_t *r = *pp;
-        if (peer >= 0 && r->pend->src != peer) {
-            prev = r;
-            pp = &r->next;
-            continue;
-        }
-        *pp = r->next;
-        if (comm->get_waits_tail == r)
-            comm->get_waits_tail = prev;
-        free(r->pend);
-        r->pend = NULL;
-        tern__req_complete(r, why);
-        req_maybe_free(r);
-    }
-}
-
-/* Complete with why the sends to peer (-1: all) in a list of sends waiting
- * for an offer or for the put window (tail: the list's, or NULL). */
-static void rtr_sends_fail(tern_request_t **head, tern_request_t **tail, int peer,
-                           tern_status_t why)
+/* Complete with why the requests with peer (-1: all) in a list of sends
+ * waiting for an offer, or of puts or reads waiting for a window (tail: the
+ * list's, or NULL). */
+static void waits_fail(tern_request_t **head, tern_request_t **tail, int peer, tern_status_t why)
 {
     tern_request_t *prev = NULL;
     for (tern_request_t **pp = head; *pp != NULL;) {
         tern_request_t *r = *pp;
-        if (peer >= 0 && r->peer != peer) {
+        if (peer >= 0 && wait_peer(r) != peer) {
             prev = r;
             pp = &r->next;
             continue;
@@ -1284,7 +1248,9 @@ static void rtr_sends_fail(tern_request_t **head, tern_request_t **tail, int pee
         if (tail != NULL && *tail == r)
             *tail = prev;
         free(r->offer);
+        free(r->pend);
         r->offer = NULL;
+        r->pend = NULL;
         tern__req_complete(r, why);
         req_maybe_free(r);
     }
@@ -1312,11 +1278,11 @@ void tern__p2p_peer_lost(tern__comm_t *comm, int peer, tern_status_t why)
     }
     /* Sends waiting for its offer, or for the put window with one, will never
      * move; its kept offers are void. */
-    rtr_sends_fail(&comm->rtr_waits, NULL, peer, why);
-    rtr_sends_fail(&comm->rtr_ready, &comm->rtr_ready_tail, peer, why);
+    waits_fail(&comm->rtr_waits, NULL, peer, why);
+    waits_fail(&comm->rtr_ready, &comm->rtr_ready_tail, peer, why);
     rtrs_drop(comm, peer);
     /* Reads from it waiting for the window will never run. */
-    gets_fail(comm, peer, why);
+    waits_fail(&comm->get_waits, &comm->get_waits_tail, peer, why);
     /* Rendezvous sends to it will never see their FIN. */
     for (pp = &comm->rndv_sends; *pp != NULL;) {
         tern_request_t *r = *pp;
@@ -1380,9 +1346,9 @@ void tern__p2p_fini(tern__comm_t *comm)
         rtr_withdraw(comm, r, false);
         tern__req_complete(r, TERN_ERR_CANCELED);
     }
-    rtr_sends_fail(&comm->rtr_waits, NULL, -1, TERN_ERR_CANCELED);
-    rtr_sends_fail(&comm->rtr_ready, &comm->rtr_ready_tail, -1, TERN_ERR_CANCELED);
-    gets_fail(comm, -1, TERN_ERR_CANCELED);
+    waits_fail(&comm->rtr_waits, NULL, -1, TERN_ERR_CANCELED);
+    waits_fail(&comm->rtr_ready, &comm->rtr_ready_tail, -1, TERN_ERR_CANCELED);
+    waits_fail(&comm->get_waits, &comm->get_waits_tail, -1, TERN_ERR_CANCELED);
     free(comm->get_bytes);
     comm->get_bytes = NULL;
     free(comm->put_bytes);
