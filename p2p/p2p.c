@@ -879,7 +879,15 @@ static void on_control(tern__comm_t *comm, const tern_event_t *ev, void *arg)
                 return;
             }
         }
-        tern_warn("p2p: FIN for unknown send %" PRIu64 " from rank %u", id, ev->src);
+        /* Both ends of a failed collective withdraw what they posted, so a
+         * receive that was canceled, or whose read was refused, may tell a
+         * sender that has canceled its send already. A success for a send
+         * nobody knows is a protocol error. */
+        if (st != TERN_OK)
+            tern_debug("p2p: FIN (%s) for send %" PRIu64 " from rank %u, no longer waiting",
+                       tern_status_name(st), id, ev->src);
+        else
+            tern_warn("p2p: FIN for unknown send %" PRIu64 " from rank %u", id, ev->src);
         return;
     }
     case CTRL_PING: {
@@ -1206,6 +1214,17 @@ bool tern__p2p_cancel(tern__comm_t *comm, tern_request_t *req)
         return true;
     if (req->kind == REQ_RECV && unlink_req(&comm->posted_head, &comm->posted_tail, req)) {
         rtr_withdraw(comm, req, true);
+        tern__req_complete(req, TERN_ERR_CANCELED);
+        return true;
+    }
+    /* Matched, waiting for the read window: the sender still holds its
+     * buffer for us, so it hears that nobody will read it. */
+    if (req->kind == REQ_RECV && unlink_req(&comm->get_waits, &comm->get_waits_tail, req)) {
+        tern_debug("p2p: receive from rank %d canceled while its read waited for the window",
+                   req->pend->src);
+        send_fin(comm, req->pend->src, req->pend->sreq, TERN_ERR_CANCELED);
+        free(req->pend);
+        req->pend = NULL;
         tern__req_complete(req, TERN_ERR_CANCELED);
         return true;
     }
