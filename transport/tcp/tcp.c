@@ -130,6 +130,8 @@ typedef struct txreq {
     uint64_t get_size;
     struct tcp_mr *pin;  /* F_GET_DATA: the region being read, kept alive */
     bool zcopy;          /* the payload goes by splice_payload() */
+    bool bulk;           /* large enough to splice: counted in conn.nbulk while queued */
+    bool started;        /* flush_tx chose between splicing and copying it */
     uint8_t small[];     /* a small payload owned by the request: HELLO, an inline SEND */
 } txreq_t;
 
@@ -157,6 +159,7 @@ typedef struct conn {
     size_t in_pipe;        /* payload bytes in the pipe, not yet in the socket */
     /* transmit */
     txreq_t *tx_head, *tx_tail;
+    unsigned nbulk; /* frames in tx that may be spliced (txreq.bulk) */
     txreq_t *pend_head, *pend_tail; /* puts and gets awaiting their reply, in order */
     /* receive */
     uint8_t *rxbuf;
@@ -213,6 +216,7 @@ typedef struct tcp_tp {
     struct conn *hot; /* whose data the last epoll round handled (tcp_progress) */
     int hot_streak;   /* progress calls in a row served by hot alone */
     size_t zcopy_min; /* payloads this large go by splice_payload(); 0: never */
+    bool zcopy_lone;  /* splice one with no other behind it too (see keep_zcopy) */
 } tcp_tp_t;
 
 static inline tcp_tp_t *to_tcp_tp(tern_transport_t *tp)
@@ -427,6 +431,23 @@ static int tx_some(conn_t *c, txreq_t *r)
     }
 }
 
+/*
+ * Whether the large payload at the head of c's queue goes by reference.
+ * Splicing saves this side its copy but costs the receiving side about as
+ * much per page (a page reference to take and drop, a usercopy check per
+ * 4 KiB fragment, where a copied stream has 32 KiB ones), and the receiver
+ * then does all of the work alone, where a copy has the two sides copying at
+ * once. So it pays where this side's CPU is what limits: a stream, with
+ * more payloads waiting behind this one, or a job with more ranks than
+ * cores. A payload going alone is copied: a 512 KiB ping-pong took 135-157
+ * us copied and 188-227 us spliced, a 2-rank 1 MiB all_reduce 10 % less
+ * time (docs/perf.md).
+ */
+static bool keep_zcopy(const conn_t *c)
+{
+    return c->tp->zcopy_lone || c->nbulk > 1;
+}
+
 /* Write as much of the queue as the socket takes. Returns false if the
  * connection failed (it is then marked dead). */
 static bool flush_tx(conn_t *c)
@@ -437,6 +458,10 @@ static bool flush_tx(conn_t *c)
         return true;
     while (c->tx_head != NULL) {
         txreq_t *r = c->tx_head;
+        if (!r->started) {
+            r->started = true;
+            r->zcopy = r->zcopy && keep_zcopy(c);
+        }
         int done = tx_some(c, r);
         if (done < 0) {
             conn_fail(c, TERN_ERR_PEER_LOST);
@@ -447,6 +472,7 @@ static bool flush_tx(conn_t *c)
         c->tx_head = r->next;
         if (c->tx_head == NULL)
             c->tx_tail = NULL;
+        c->nbulk -= r->bulk;
         tx_done(c, r);
     }
     set_want_out(c, c->tx_head != NULL);
@@ -533,7 +559,8 @@ static tern_status_t post(conn_t *c, const frame_t *f, const void *payload, size
     if (r == NULL)
         return tern__error(TERN_ERR_NO_MEMORY, "tcp: no memory to queue a request");
     r->comp = tern__comp_of(params);
-    r->zcopy = use_zcopy(c->tp, f->type, len);
+    r->zcopy = r->bulk = use_zcopy(c->tp, f->type, len);
+    c->nbulk += r->bulk;
     enqueue(c, r);
     if (req_out != NULL)
         *req_out = r;
@@ -569,6 +596,7 @@ static void conn_fail(conn_t *c, tern_status_t why)
         c->ep->failed = why;
     txreq_t *tx = c->tx_head, *pend = c->pend_head;
     c->tx_head = c->tx_tail = c->pend_head = c->pend_tail = NULL;
+    c->nbulk = 0;
     free_txq(tx, why, t);
     free_txq(pend, why, t);
     if (c->cur_mr != NULL) {
@@ -883,7 +911,8 @@ static bool header_arrived(conn_t *c)
         }
         r->type = F_GET_DATA;
         r->pin = mr;
-        r->zcopy = st == TERN_OK && use_zcopy(t, F_GET_DATA, (size_t)f->size);
+        r->zcopy = r->bulk = st == TERN_OK && use_zcopy(t, F_GET_DATA, (size_t)f->size);
+        c->nbulk += r->bulk;
         enqueue(c, r);
         if (st != TERN_OK)
             event(t, TERN_EVENT_ERROR, c->peer, 0, NULL, 0, st);
@@ -1366,6 +1395,7 @@ static tern_status_t tcp_open(const tern__tp_config_t *cfg, tern_transport_t **t
     t->busy_poll = cfg->busy_poll;
     t->sockbuf = cfg->tcp_sockbuf;
     t->zcopy_min = cfg->tcp_zcopy;
+    t->zcopy_lone = cfg->tcp_zcopy_always || cfg->shared_cores;
     t->next_key = 1;
     t->next_op = 1;
     if (getrandom(&t->instance, sizeof(t->instance), GRND_NONBLOCK) != sizeof(t->instance))
