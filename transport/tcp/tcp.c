@@ -432,20 +432,22 @@ static int tx_some(conn_t *c, txreq_t *r)
 }
 
 /*
- * Whether the large payload at the head of c's queue goes by reference.
- * Splicing saves this side its copy but costs the receiving side about as
+ * Whether the large payload r at the head of c's queue goes by reference.
+ * Splicing saves this side its copy but costs the receiving side almost as
  * much per page (a page reference to take and drop, a usercopy check per
  * 4 KiB fragment, where a copied stream has 32 KiB ones), and the receiver
- * then does all of the work alone, where a copy has the two sides copying at
- * once. So it pays where this side's CPU is what limits: a stream, with
- * more payloads waiting behind this one, or a job with more ranks than
- * cores. A payload going alone is copied: a 512 KiB ping-pong took 135-157
- * us copied and 188-227 us spliced, a 2-rank 1 MiB all_reduce 10 % less
- * time (docs/perf.md).
+ * then does that work alone, where copying has both sides copying at once,
+ * the receiver a fragment behind. So splicing pays where this side's CPU is
+ * what limits: a payload larger than the socket takes at once (the sender
+ * would copy while the receiver waits), more payloads waiting behind this
+ * one, or a job with more ranks than cores. A payload that fits and goes
+ * alone is copied: a 512 KiB ping-pong took 135-157 us copied and 188-227
+ * us spliced, a 2-rank 1 MiB all_reduce about 10 % less time (docs/perf.md).
  */
-static bool keep_zcopy(const conn_t *c)
+static bool keep_zcopy(const conn_t *c, const txreq_t *r)
 {
-    return c->tp->zcopy_lone || c->nbulk > 1;
+    const tcp_tp_t *t = c->tp;
+    return t->zcopy_lone || c->nbulk > 1 || r->iov[1].iov_len >= t->base.attr.rx_window;
 }
 
 /* Write as much of the queue as the socket takes. Returns false if the
@@ -460,7 +462,7 @@ static bool flush_tx(conn_t *c)
         txreq_t *r = c->tx_head;
         if (!r->started) {
             r->started = true;
-            r->zcopy = r->zcopy && keep_zcopy(c);
+            r->zcopy = r->zcopy && keep_zcopy(c, r);
         }
         int done = tx_some(c, r);
         if (done < 0) {
@@ -1396,6 +1398,10 @@ static tern_status_t tcp_open(const tern__tp_config_t *cfg, tern_transport_t **t
     t->sockbuf = cfg->tcp_sockbuf;
     t->zcopy_min = cfg->tcp_zcopy;
     t->zcopy_lone = cfg->tcp_zcopy_always || cfg->shared_cores;
+    tern_debug("tcp: payloads of %zu bytes or more spliced%s", t->zcopy_min,
+               t->zcopy_min == 0  ? " never"
+               : t->zcopy_lone    ? ", each"
+                                  : " when another waits behind or they fill the socket");
     t->next_key = 1;
     t->next_op = 1;
     if (getrandom(&t->instance, sizeof(t->instance), GRND_NONBLOCK) != sizeof(t->instance))
