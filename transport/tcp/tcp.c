@@ -160,6 +160,8 @@ typedef struct conn {
     /* transmit */
     txreq_t *tx_head, *tx_tail;
     unsigned nbulk; /* frames in tx that may be spliced (txreq.bulk) */
+    bool tx_deferred; /* replies queued while reading: on_readable flushes them */
+    bool same_host; /* the peer is a process on this host (same_host()) */
     txreq_t *pend_head, *pend_tail; /* puts and gets awaiting their reply, in order */
     /* receive */
     uint8_t *rxbuf;
@@ -443,11 +445,14 @@ static int tx_some(conn_t *c, txreq_t *r)
  * one, or a job with more ranks than cores. A payload that fits and goes
  * alone is copied: a 512 KiB ping-pong took 135-157 us copied and 188-227
  * us spliced, a 2-rank 1 MiB all_reduce about 10 % less time (docs/perf.md).
+ * All of this is about a receiver on this host; to another one the NIC sends
+ * the pages and splicing costs the receiver nothing.
  */
 static bool keep_zcopy(const conn_t *c, const txreq_t *r)
 {
     const tcp_tp_t *t = c->tp;
-    return t->zcopy_lone || c->nbulk > 1 || r->iov[1].iov_len >= t->base.attr.rx_window;
+    return !c->same_host || t->zcopy_lone || c->nbulk > 1 ||
+           r->iov[1].iov_len >= t->base.attr.rx_window;
 }
 
 /* Write as much of the queue as the socket takes. Returns false if the
@@ -665,6 +670,30 @@ static void tune(tcp_tp_t *t, int fd)
     }
 }
 
+/* Whether the connected socket fd joins two processes of this host: both ends
+ * have one address (or a loopback one). There the receiving kernel copies a
+ * spliced payload out of the sender's pages, which is what keep_zcopy
+ * weighs; to another host a NIC sends them. */
+static bool same_host(int fd)
+{
+    struct sockaddr_storage a, b;
+    socklen_t la = sizeof(a), lb = sizeof(b);
+    if (getsockname(fd, (struct sockaddr *)&a, &la) != 0 ||
+        getpeername(fd, (struct sockaddr *)&b, &lb) != 0 || a.ss_family != b.ss_family)
+        return false;
+    if (a.ss_family == AF_INET) {
+        const struct in_addr *x = &((struct sockaddr_in *)&a)->sin_addr,
+                             *y = &((struct sockaddr_in *)&b)->sin_addr;
+        return x->s_addr == y->s_addr || (ntohl(y->s_addr) >> 24) == 127;
+    }
+    if (a.ss_family == AF_INET6) {
+        const struct in6_addr *x = &((struct sockaddr_in6 *)&a)->sin6_addr,
+                              *y = &((struct sockaddr_in6 *)&b)->sin6_addr;
+        return memcmp(x, y, sizeof(*x)) == 0 || IN6_IS_ADDR_LOOPBACK(y);
+    }
+    return false;
+}
+
 static conn_t *conn_new(tcp_tp_t *t, int fd, bool incoming)
 {
     conn_t *c = calloc(1, sizeof(*c));
@@ -680,6 +709,7 @@ static conn_t *conn_new(tcp_tp_t *t, int fd, bool incoming)
     c->pipe[0] = c->pipe[1] = -1;
     c->incoming = incoming;
     c->state = incoming ? C_OPEN : C_CONNECTING;
+    c->same_host = incoming && same_host(fd);
     struct epoll_event ev = {.events = EPOLLIN | (incoming ? 0 : EPOLLOUT), .data.ptr = c};
     c->want_out = !incoming;
     if (epoll_ctl(t->epfd, EPOLL_CTL_ADD, fd, &ev) != 0) {
@@ -919,6 +949,13 @@ static bool header_arrived(conn_t *c)
         if (st != TERN_OK)
             event(t, TERN_EVENT_ERROR, c->peer, 0, NULL, 0, st);
         c->rx_state = RX_HDR;
+        /* More frames read already: answer after them (on_readable), so that
+         * a batch of reads has its replies queued together and a stream is
+         * seen as one (keep_zcopy). */
+        if (c->rx_len - c->rx_off >= HDR_SIZE) {
+            c->tx_deferred = true;
+            return true;
+        }
         return flush_tx(c);
     }
     case F_PUT_ACK: {
@@ -1071,7 +1108,7 @@ static ssize_t fill(conn_t *c)
  * Frames already in the buffer are always handled: nothing would wake us for
  * them.
  */
-static void on_readable(conn_t *c)
+static void read_frames(conn_t *c)
 {
     int reads = 0;
     while (c->state != C_DEAD) {
@@ -1115,6 +1152,15 @@ static void on_readable(conn_t *c)
     }
 }
 
+static void on_readable(conn_t *c)
+{
+    read_frames(c);
+    if (c->tx_deferred) {
+        c->tx_deferred = false;
+        flush_tx(c);
+    }
+}
+
 static void on_connected(conn_t *c)
 {
     int err = 0;
@@ -1127,6 +1173,7 @@ static void on_connected(conn_t *c)
         return;
     }
     c->state = C_OPEN;
+    c->same_host = same_host(c->fd);
     flush_tx(c);
 }
 
