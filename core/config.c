@@ -82,11 +82,6 @@ static const field_t fields[] = {
      .offset = OFF(tcp_zcopy),
      .doc = "tcp provider: put payloads and get replies at least this large go to the socket "
             "by vmsplice/splice, without a copy; 0 turns it off"},
-    {.name = "TERN_TCP_ZCOPY_MODE", .group = "tern", .type = FIELD_ENUM, .dflt = "auto",
-     .values = "auto|always", .offset = OFF(tcp_zcopy_mode),
-     .doc = "tcp provider: auto splices a payload of TERN_TCP_ZCOPY or more when another one "
-            "waits behind it or the job's ranks share cores, and copies one that goes alone "
-            "(lower latency); always splices every one"},
     {.name = "TERN_UCX_CMA", .group = "tern", .type = FIELD_SIZE, .dflt = "128k",
      .offset = OFF(ucx_cma),
      .doc = "ucx provider: host-memory puts and gets at least this large to a peer process on "

@@ -47,7 +47,6 @@ typedef struct tern__config {
     int64_t poll;      /* 0 blocking, 1 busy */
     uint64_t tcp_sockbuf;
     uint64_t tcp_zcopy;
-    int64_t tcp_zcopy_mode; /* 0 auto, 1 always */
     uint64_t ucx_cma;
     uint64_t eager_limit;
     uint64_t unexpected_max;

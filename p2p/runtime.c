@@ -295,12 +295,11 @@ static tern_status_t comm_open(tern_ctx_t *ctx)
      * ranks reach us on. */
     tern_transport_params_t tp = {
         .field_mask = TERN_TRANSPORT_PARAM_SELF_ID | TERN_TRANSPORT_PARAM_EVENT |
-                      TERN_TRANSPORT_PARAM_PEER_HINT | TERN_TRANSPORT_PARAM_SHARED_CORES,
+                      TERN_TRANSPORT_PARAM_PEER_HINT,
         .self_id = comm->rank,
         .on_event = on_event,
         .event_arg = comm,
         .peer_hint = cfg->tern_master_addr[0] ? cfg->tern_master_addr : cfg->master_addr,
-        .shared_cores = comm->yield_idle,
     };
     if ((st = tern_transport_open(&tp, &comm->tp)) != TERN_OK)
         goto fail;

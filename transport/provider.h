@@ -27,8 +27,6 @@ typedef struct tern__tp_config {
     const char *peer_hint; /* NULL or a host the peers are reached through (MASTER_ADDR) */
     size_t tcp_sockbuf;    /* TERN_TCP_SOCKBUF; 0: kernel default */
     size_t tcp_zcopy;      /* TERN_TCP_ZCOPY; 0: off */
-    int tcp_zcopy_always;  /* TERN_TCP_ZCOPY_MODE=always */
-    int shared_cores;
     size_t ucx_cma;        /* TERN_UCX_CMA; 0: off */
 } tern__tp_config_t;
 

@@ -86,7 +86,6 @@ enum tern_transport_param_field {
     TERN_TRANSPORT_PARAM_BUSY_POLL = 1u << 3,
     TERN_TRANSPORT_PARAM_DEVICE = 1u << 4,
     TERN_TRANSPORT_PARAM_PEER_HINT = 1u << 5,
-    TERN_TRANSPORT_PARAM_SHARED_CORES = 1u << 6,
 };
 
 /* Unset fields fall back to the environment (TERN_TRANSPORT, TERN_POLL, ...),
@@ -101,9 +100,6 @@ typedef struct tern_transport_params {
     const char *device;   /* [provider's choice] e.g. "mlx5_0:1", an interface "eth0" */
     const char *peer_hint; /* [none] a host the peers are reached through (MASTER_ADDR):
                               the tcp provider advertises the local address routing to it */
-    int shared_cores;     /* [0] more processes of the job on this host than cores this one may
-                             run on: CPU time is what limits it, not waiting (the tcp provider
-                             then splices every large payload, TERN_TCP_ZCOPY_MODE) */
 } tern_transport_params_t;
 
 typedef struct tern_transport_attr {

@@ -130,8 +130,6 @@ typedef struct txreq {
     uint64_t get_size;
     struct tcp_mr *pin;  /* F_GET_DATA: the region being read, kept alive */
     bool zcopy;          /* the payload goes by splice_payload() */
-    bool bulk;           /* large enough to splice: counted in conn.nbulk while queued */
-    bool started;        /* flush_tx chose between splicing and copying it */
     uint8_t small[];     /* a small payload owned by the request: HELLO, an inline SEND */
 } txreq_t;
 
@@ -159,9 +157,6 @@ typedef struct conn {
     size_t in_pipe;        /* payload bytes in the pipe, not yet in the socket */
     /* transmit */
     txreq_t *tx_head, *tx_tail;
-    unsigned nbulk; /* frames in tx that may be spliced (txreq.bulk) */
-    bool tx_deferred; /* replies queued while reading: on_readable flushes them */
-    bool same_host; /* the peer is a process on this host (same_host()) */
     txreq_t *pend_head, *pend_tail; /* puts and gets awaiting their reply, in order */
     /* receive */
     uint8_t *rxbuf;
@@ -218,7 +213,6 @@ typedef struct tcp_tp {
     struct conn *hot; /* whose data the last epoll round handled (tcp_progress) */
     int hot_streak;   /* progress calls in a row served by hot alone */
     size_t zcopy_min; /* payloads this large go by splice_payload(); 0: never */
-    bool zcopy_lone;  /* splice one with no other behind it too (see keep_zcopy) */
 } tcp_tp_t;
 
 static inline tcp_tp_t *to_tcp_tp(tern_transport_t *tp)
@@ -433,28 +427,6 @@ static int tx_some(conn_t *c, txreq_t *r)
     }
 }
 
-/*
- * Whether the large payload r at the head of c's queue goes by reference.
- * Splicing saves this side its copy but costs the receiving side almost as
- * much per page (a page reference to take and drop, a usercopy check per
- * 4 KiB fragment, where a copied stream has 32 KiB ones), and the receiver
- * then does that work alone, where copying has both sides copying at once,
- * the receiver a fragment behind. So splicing pays where this side's CPU is
- * what limits: a payload larger than the socket takes at once (the sender
- * would copy while the receiver waits), more payloads waiting behind this
- * one, or a job with more ranks than cores. A payload that fits and goes
- * alone is copied: a 512 KiB ping-pong took 135-157 us copied and 188-227
- * us spliced, a 2-rank 1 MiB all_reduce about 10 % less time (docs/perf.md).
- * All of this is about a receiver on this host; to another one the NIC sends
- * the pages and splicing costs the receiver nothing.
- */
-static bool keep_zcopy(const conn_t *c, const txreq_t *r)
-{
-    const tcp_tp_t *t = c->tp;
-    return !c->same_host || t->zcopy_lone || c->nbulk > 1 ||
-           r->iov[1].iov_len >= t->base.attr.rx_window;
-}
-
 /* Write as much of the queue as the socket takes. Returns false if the
  * connection failed (it is then marked dead). */
 static bool flush_tx(conn_t *c)
@@ -465,10 +437,6 @@ static bool flush_tx(conn_t *c)
         return true;
     while (c->tx_head != NULL) {
         txreq_t *r = c->tx_head;
-        if (!r->started) {
-            r->started = true;
-            r->zcopy = r->zcopy && keep_zcopy(c, r);
-        }
         int done = tx_some(c, r);
         if (done < 0) {
             conn_fail(c, TERN_ERR_PEER_LOST);
@@ -479,7 +447,6 @@ static bool flush_tx(conn_t *c)
         c->tx_head = r->next;
         if (c->tx_head == NULL)
             c->tx_tail = NULL;
-        c->nbulk -= r->bulk;
         tx_done(c, r);
     }
     set_want_out(c, c->tx_head != NULL);
@@ -566,8 +533,7 @@ static tern_status_t post(conn_t *c, const frame_t *f, const void *payload, size
     if (r == NULL)
         return tern__error(TERN_ERR_NO_MEMORY, "tcp: no memory to queue a request");
     r->comp = tern__comp_of(params);
-    r->zcopy = r->bulk = use_zcopy(c->tp, f->type, len);
-    c->nbulk += r->bulk;
+    r->zcopy = use_zcopy(c->tp, f->type, len);
     enqueue(c, r);
     if (req_out != NULL)
         *req_out = r;
@@ -603,7 +569,6 @@ static void conn_fail(conn_t *c, tern_status_t why)
         c->ep->failed = why;
     txreq_t *tx = c->tx_head, *pend = c->pend_head;
     c->tx_head = c->tx_tail = c->pend_head = c->pend_tail = NULL;
-    c->nbulk = 0;
     free_txq(tx, why, t);
     free_txq(pend, why, t);
     if (c->cur_mr != NULL) {
@@ -670,30 +635,6 @@ static void tune(tcp_tp_t *t, int fd)
     }
 }
 
-/* Whether the connected socket fd joins two processes of this host: both ends
- * have one address (or a loopback one). There the receiving kernel copies a
- * spliced payload out of the sender's pages, which is what keep_zcopy
- * weighs; to another host a NIC sends them. */
-static bool same_host(int fd)
-{
-    struct sockaddr_storage a, b;
-    socklen_t la = sizeof(a), lb = sizeof(b);
-    if (getsockname(fd, (struct sockaddr *)&a, &la) != 0 ||
-        getpeername(fd, (struct sockaddr *)&b, &lb) != 0 || a.ss_family != b.ss_family)
-        return false;
-    if (a.ss_family == AF_INET) {
-        const struct in_addr *x = &((struct sockaddr_in *)&a)->sin_addr,
-                             *y = &((struct sockaddr_in *)&b)->sin_addr;
-        return x->s_addr == y->s_addr || (ntohl(y->s_addr) >> 24) == 127;
-    }
-    if (a.ss_family == AF_INET6) {
-        const struct in6_addr *x = &((struct sockaddr_in6 *)&a)->sin6_addr,
-                              *y = &((struct sockaddr_in6 *)&b)->sin6_addr;
-        return memcmp(x, y, sizeof(*x)) == 0 || IN6_IS_ADDR_LOOPBACK(y);
-    }
-    return false;
-}
-
 static conn_t *conn_new(tcp_tp_t *t, int fd, bool incoming)
 {
     conn_t *c = calloc(1, sizeof(*c));
@@ -709,7 +650,6 @@ static conn_t *conn_new(tcp_tp_t *t, int fd, bool incoming)
     c->pipe[0] = c->pipe[1] = -1;
     c->incoming = incoming;
     c->state = incoming ? C_OPEN : C_CONNECTING;
-    c->same_host = incoming && same_host(fd);
     struct epoll_event ev = {.events = EPOLLIN | (incoming ? 0 : EPOLLOUT), .data.ptr = c};
     c->want_out = !incoming;
     if (epoll_ctl(t->epfd, EPOLL_CTL_ADD, fd, &ev) != 0) {
@@ -943,19 +883,11 @@ static bool header_arrived(conn_t *c)
         }
         r->type = F_GET_DATA;
         r->pin = mr;
-        r->zcopy = r->bulk = st == TERN_OK && use_zcopy(t, F_GET_DATA, (size_t)f->size);
-        c->nbulk += r->bulk;
+        r->zcopy = st == TERN_OK && use_zcopy(t, F_GET_DATA, (size_t)f->size);
         enqueue(c, r);
         if (st != TERN_OK)
             event(t, TERN_EVENT_ERROR, c->peer, 0, NULL, 0, st);
         c->rx_state = RX_HDR;
-        /* More frames read already: answer after them (on_readable), so that
-         * a batch of reads has its replies queued together and a stream is
-         * seen as one (keep_zcopy). */
-        if (c->rx_len - c->rx_off >= HDR_SIZE) {
-            c->tx_deferred = true;
-            return true;
-        }
         return flush_tx(c);
     }
     case F_PUT_ACK: {
@@ -1108,7 +1040,7 @@ static ssize_t fill(conn_t *c)
  * Frames already in the buffer are always handled: nothing would wake us for
  * them.
  */
-static void read_frames(conn_t *c)
+static void on_readable(conn_t *c)
 {
     int reads = 0;
     while (c->state != C_DEAD) {
@@ -1152,15 +1084,6 @@ static void read_frames(conn_t *c)
     }
 }
 
-static void on_readable(conn_t *c)
-{
-    read_frames(c);
-    if (c->tx_deferred) {
-        c->tx_deferred = false;
-        flush_tx(c);
-    }
-}
-
 static void on_connected(conn_t *c)
 {
     int err = 0;
@@ -1173,7 +1096,6 @@ static void on_connected(conn_t *c)
         return;
     }
     c->state = C_OPEN;
-    c->same_host = same_host(c->fd);
     flush_tx(c);
 }
 
@@ -1444,11 +1366,6 @@ static tern_status_t tcp_open(const tern__tp_config_t *cfg, tern_transport_t **t
     t->busy_poll = cfg->busy_poll;
     t->sockbuf = cfg->tcp_sockbuf;
     t->zcopy_min = cfg->tcp_zcopy;
-    t->zcopy_lone = cfg->tcp_zcopy_always || cfg->shared_cores;
-    tern_debug("tcp: payloads of %zu bytes or more spliced%s", t->zcopy_min,
-               t->zcopy_min == 0  ? " never"
-               : t->zcopy_lone    ? ", each"
-                                  : " when another waits behind or they fill the socket");
     t->next_key = 1;
     t->next_op = 1;
     if (getrandom(&t->instance, sizeof(t->instance), GRND_NONBLOCK) != sizeof(t->instance))
