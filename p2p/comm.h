@@ -129,6 +129,7 @@ struct tern__comm {
     tern_request_t *rtr_waits;
     tern_request_t *rtr_ready, *rtr_ready_tail; /* offered, waiting for the put window */
     size_t *put_bytes;        /* [world] bytes of puts into offered buffers in flight */
+    size_t *put_window;       /* [world] the peer's rx_window, from its offers */
     tern_request_t *get_waits, *get_waits_tail; /* matched, waiting for the read window */
     size_t *get_bytes;        /* [world] bytes of rendezvous reads in flight from each peer */
     struct rtr *rtrs;

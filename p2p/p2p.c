@@ -343,11 +343,11 @@ static size_t wait_len(const tern_request_t *r)
     return r->pend->len < r->len ? r->pend->len : r->len;
 }
 
-/* Whether len more bytes must wait, with inflight already on their way
- * between us and the peer (for puts, the peer's window, configured as ours). */
-static bool window_full(const tern__comm_t *comm, size_t inflight, size_t len)
+/* Whether len more bytes must wait for window w (0: none), with inflight
+ * already on their way between us and the peer. Reads are held to our own
+ * window; puts to the peer's, which its offers carry (on_offer). */
+static bool window_full(size_t w, size_t inflight, size_t len)
 {
-    size_t w = comm->attr.rx_window;
     return w > 0 && inflight > 0 && inflight + len > w;
 }
 
@@ -363,10 +363,10 @@ static void fifo_push(tern_request_t **head, tern_request_t **tail, tern_request
 }
 
 /* Start the puts or reads in a window queue (head, tail) that wait for
- * peer's window (bytes: what is in flight with each peer), in order, while
+ * peer's window w (bytes: what is in flight with each peer), in order, while
  * it has room. */
 static void window_drain(tern__comm_t *comm, tern_request_t **head, tern_request_t **tail,
-                         const size_t *bytes, int peer)
+                         const size_t *bytes, size_t w, int peer)
 {
     tern_request_t **pp = head, *prev = NULL;
     while (*pp != NULL) {
@@ -376,7 +376,7 @@ static void window_drain(tern__comm_t *comm, tern_request_t **head, tern_request
             pp = &r->next;
             continue;
         }
-        if (window_full(comm, bytes[peer], wait_len(r)))
+        if (window_full(w, bytes[peer], wait_len(r)))
             return;
         *pp = r->next;
         if (*tail == r)
@@ -420,7 +420,8 @@ static void get_done(void *arg, tern_status_t st)
     }
     req_maybe_free(req);
     if (open)
-        window_drain(comm, &comm->get_waits, &comm->get_waits_tail, comm->get_bytes, src);
+        window_drain(comm, &comm->get_waits, &comm->get_waits_tail, comm->get_bytes,
+                     comm->attr.rx_window, src);
 }
 
 /* The rendezvous message u matched req: read it straight into the user's
@@ -469,7 +470,7 @@ fail:
 static void get_or_queue(tern__comm_t *comm, tern_request_t *req, unexp_t *u)
 {
     size_t n = u->len < req->len ? u->len : req->len;
-    if (window_full(comm, comm->get_bytes[u->src], n)) {
+    if (window_full(comm->attr.rx_window, comm->get_bytes[u->src], n)) {
         req->pend = u;
         fifo_push(&comm->get_waits, &comm->get_waits_tail, req);
         return;
@@ -615,13 +616,15 @@ typedef struct offer {
     uint64_t len, id, addr;
     uint32_t rkey_len;
     const uint8_t *rkey;
+    uint64_t window; /* RTR: the receiver's rx_window */
 } offer_t;
 
 /* Register req's buffer with access and write the offer of it {cid, tag,
- * len, id, address, key} into a new bounce buffer (*out), under a new id.
- * On failure req->mr is NULL again. */
+ * len, id, address, key}, and for an RTR (rtr) the receiver's window after
+ * the key, into a new bounce buffer (*out), under a new id. On failure
+ * req->mr is NULL again. */
 static tern_status_t offer_build(tern__comm_t *comm, tern_request_t *req, unsigned access,
-                                 bounce_t **out)
+                                 bool rtr, bounce_t **out)
 {
     uint8_t key[TERN_RKEY_MAX];
     size_t klen = sizeof(key);
@@ -632,7 +635,7 @@ static tern_status_t offer_build(tern__comm_t *comm, tern_request_t *req, unsign
         goto fail;
     if ((st = tern_mr_pack(req->mr, key, &klen)) != TERN_OK)
         goto fail;
-    if ((b = bounce_new(comm, RTS_HDR + klen)) == NULL) {
+    if ((b = bounce_new(comm, RTS_HDR + klen + (rtr ? 8 : 0))) == NULL) {
         st = tern__error(TERN_ERR_NO_MEMORY, "p2p: no memory for an offer");
         goto fail;
     }
@@ -644,6 +647,8 @@ static tern_status_t offer_build(tern__comm_t *comm, tern_request_t *req, unsign
     tern__put_le64(b->data + 24, (uintptr_t)req->buf);
     tern__put_le32(b->data + 32, (uint32_t)klen);
     memcpy(b->data + RTS_HDR, key, klen);
+    if (rtr)
+        tern__put_le64(b->data + RTS_HDR + klen, comm->attr.rx_window);
     *out = b;
     return TERN_OK;
 fail:
@@ -652,14 +657,15 @@ fail:
     return st;
 }
 
-static bool offer_decode(const tern_event_t *ev, offer_t *o)
+static bool offer_decode(const tern_event_t *ev, bool rtr, offer_t *o)
 {
     const uint8_t *p = ev->data;
     if (ev->type != TERN_EVENT_RECV || ev->len < RTS_HDR)
         return false;
     o->rkey_len = tern__get_le32(p + 32);
-    if (o->rkey_len > TERN_RKEY_MAX || ev->len != RTS_HDR + o->rkey_len)
+    if (o->rkey_len > TERN_RKEY_MAX || ev->len != RTS_HDR + o->rkey_len + (rtr ? 8 : 0))
         return false;
+    o->window = rtr ? tern__get_le64(p + RTS_HDR + o->rkey_len) : 0;
     o->cid = tern__get_le32(p);
     o->tag = (int32_t)tern__get_le32(p + 4);
     o->len = tern__get_le64(p + 8);
@@ -685,7 +691,7 @@ static void on_rndv(tern__comm_t *comm, const tern_event_t *ev, void *arg)
         tern_debug("p2p: refused a put from rank %u: %s", ev->src, tern_strerror(ev->status));
         return;
     }
-    if (ev->src >= comm->world || !offer_decode(ev, &o)) {
+    if (ev->src >= comm->world || !offer_decode(ev, false, &o)) {
         tern_warn("p2p: malformed rendezvous message from rank %u (%zu bytes); dropped", ev->src,
                   ev->len);
         return;
@@ -726,7 +732,7 @@ static void rtr_fail(tern__comm_t *comm, int dst, uint64_t rid, size_t len, tern
  * window has room. */
 static void put_or_queue(tern__comm_t *comm, tern_request_t *req, rtr_t *k)
 {
-    if (window_full(comm, comm->put_bytes[req->peer], req->len)) {
+    if (window_full(comm->put_window[req->peer], comm->put_bytes[req->peer], req->len)) {
         req->offer = k;
         fifo_push(&comm->rtr_ready, &comm->rtr_ready_tail, req);
         return;
@@ -752,7 +758,8 @@ static void put_done(void *arg, tern_status_t st)
         tern__req_complete(req, st);
     req_maybe_free(req);
     if (open)
-        window_drain(comm, &comm->rtr_ready, &comm->rtr_ready_tail, comm->put_bytes, dst);
+        window_drain(comm, &comm->rtr_ready, &comm->rtr_ready_tail, comm->put_bytes,
+                     comm->put_window[dst], dst);
 }
 
 /* Write a send into the buffer its receiver offered (lock held). Whatever
@@ -799,6 +806,13 @@ fail:
 /* A receiver's offer (RTR): to the send waiting for it, or kept for it. */
 static void on_offer(tern__comm_t *comm, int src, const offer_t *o)
 {
+    /* The receiver's socket is what a put fills: its window, not ours
+     * (TERN_TCP_SOCKBUF may differ between ranks). */
+    if (o->window > 0 && comm->put_window[src] != (size_t)o->window) {
+        tern_debug("p2p: puts to rank %d held to its window of %" PRIu64 " bytes", src,
+                   o->window);
+        comm->put_window[src] = (size_t)o->window;
+    }
     rtr_t *k = comm->nrtrs < RTRS_MAX ? malloc(sizeof(*k)) : NULL;
     if (k == NULL) {
         tern_warn("p2p: %s to keep rank %d's offer (tag %d); its send will offer its own buffer",
@@ -913,7 +927,7 @@ static void on_control(tern__comm_t *comm, const tern_event_t *ev, void *arg)
         return;
     case CTRL_RTR: {
         offer_t o;
-        if (!offer_decode(ev, &o))
+        if (!offer_decode(ev, true, &o))
             break;
         on_offer(comm, (int)ev->src, &o);
         return;
@@ -975,7 +989,8 @@ static bool rtr_fits(const tern__comm_t *comm, uint32_t cid, size_t len, unsigne
 static tern_status_t send_rts(tern__comm_t *comm, tern_request_t *req)
 {
     bounce_t *b;
-    tern_status_t st = offer_build(comm, req, TERN_ACCESS_LOCAL | TERN_ACCESS_REMOTE_READ, &b);
+    tern_status_t st =
+        offer_build(comm, req, TERN_ACCESS_LOCAL | TERN_ACCESS_REMOTE_READ, false, &b);
     if (st == TERN_OK)
         st = send_bounce(comm, req->peer, msg_imm(comm, TERN_IMM_P2P_RNDV, req->peer, &req->seq),
                          b);
@@ -995,7 +1010,8 @@ static tern_status_t send_rts(tern__comm_t *comm, tern_request_t *req)
 static void rtr_offer(tern__comm_t *comm, tern_request_t *req)
 {
     bounce_t *b;
-    tern_status_t st = offer_build(comm, req, TERN_ACCESS_LOCAL | TERN_ACCESS_REMOTE_WRITE, &b);
+    tern_status_t st =
+        offer_build(comm, req, TERN_ACCESS_LOCAL | TERN_ACCESS_REMOTE_WRITE, true, &b);
     if (st == TERN_OK)
         st = send_bounce(comm, req->peer, tern_imm_make(TERN_IMM_CONTROL, 0, 0, CTRL_RTR), b);
     if (st == TERN_OK) {
@@ -1337,10 +1353,14 @@ tern_status_t tern__p2p_init(tern__comm_t *comm)
     comm->sent = calloc(comm->world, sizeof(*comm->sent));
     comm->arrived = calloc(comm->world, sizeof(*comm->arrived));
     comm->put_bytes = calloc(comm->world, sizeof(*comm->put_bytes));
+    comm->put_window = calloc(comm->world, sizeof(*comm->put_window));
     comm->get_bytes = calloc(comm->world, sizeof(*comm->get_bytes));
     if (comm->credits == NULL || comm->consumed == NULL || comm->sent == NULL ||
-        comm->arrived == NULL || comm->put_bytes == NULL || comm->get_bytes == NULL)
+        comm->arrived == NULL || comm->put_bytes == NULL || comm->put_window == NULL ||
+        comm->get_bytes == NULL)
         return tern__error(TERN_ERR_NO_MEMORY, "p2p: no memory");
+    for (unsigned r = 0; r < comm->world; r++)
+        comm->put_window[r] = comm->attr.rx_window; /* until the peer's first offer */
     for (unsigned r = 0; r < comm->world; r++)
         comm->credits[r] = (int64_t)comm->credit_per_peer;
     tern__comm_set_handler(comm, TERN_IMM_P2P_EAGER, on_eager, NULL);
@@ -1372,6 +1392,8 @@ void tern__p2p_fini(tern__comm_t *comm)
     comm->get_bytes = NULL;
     free(comm->put_bytes);
     comm->put_bytes = NULL;
+    free(comm->put_window);
+    comm->put_window = NULL;
     rtrs_drop(comm, -1);
     while (comm->rndv_sends != NULL) {
         tern_request_t *r = comm->rndv_sends;
