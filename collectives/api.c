@@ -113,9 +113,25 @@ static size_t segment(const tern_group_t *g)
     return s < SEG_MIN ? SEG_MIN : s;
 }
 
-static tern__coll_t *coll_new(const call_t *k, tern_dtype_t dtype, tern_reduce_op_t op)
+/* A new call with its signature (tern__coll_t.shape): what every member
+ * must pass alike, hashed (FNV-1a). count is SIZE_MAX where ranks pass counts
+ * of their own (the v-variants), root -1 where there is none. */
+static tern__coll_t *coll_new(const call_t *k, tern_dtype_t dtype, tern_reduce_op_t op,
+                              size_t count, int root, int algo)
 {
-    return tern__coll_new(k->g, k->name, dtype, op);
+    tern__coll_t *c = tern__coll_new(k->g, k->name, dtype, op);
+    if (c == NULL)
+        return NULL;
+    uint64_t v[] = {(uint64_t)dtype, (uint64_t)op, (uint64_t)count, (uint64_t)(int64_t)root,
+                    (uint64_t)(int64_t)algo};
+    uint32_t h = 2166136261u;
+    for (const char *s = k->name; *s != '\0'; s++)
+        h = (h ^ (uint8_t)*s) * 16777619u;
+    for (size_t i = 0; i < sizeof(v) / sizeof(v[0]); i++)
+        for (int b = 0; b < 64; b += 8)
+            h = (h ^ (uint8_t)(v[i] >> b)) * 16777619u;
+    c->shape = h != 0 ? h : 1;
+    return c;
 }
 
 /* ---- all_reduce ---- */
@@ -163,7 +179,7 @@ tern_status_t tern_all_reduce(tern_group_t *g, const void *sbuf, void *rbuf, siz
         algo = bytes <= AR_RD_MAX || count < (size_t)g->size ? AR_RD
                : bytes <= rab_max(g, sbuf == rbuf)           ? AR_RAB
                                                              : AR_RING;
-    tern__coll_t *c = coll_new(&k, dtype, op);
+    tern__coll_t *c = coll_new(&k, dtype, op, count, -1, algo);
     if (c == NULL)
         return TERN_ERR_NO_MEMORY;
     tern__build_allreduce(c, sbuf, rbuf, count, algo, segment(g));
@@ -185,7 +201,7 @@ tern_status_t tern_broadcast(tern_group_t *g, void *buf, size_t count, tern_dtyp
     int algo = (int)cfg_of(g)->coll_algo_broadcast;
     if (algo == BC_AUTO)
         algo = bytes <= TREE_MAX || g->size <= 2 ? BC_BINOMIAL : BC_CHAIN;
-    tern__coll_t *c = coll_new(&k, dtype, TERN_SUM);
+    tern__coll_t *c = coll_new(&k, dtype, TERN_SUM, count, root, algo);
     if (c == NULL)
         return TERN_ERR_NO_MEMORY;
     tern__build_bcast(c, buf, bytes, root, algo, segment(g));
@@ -217,7 +233,7 @@ tern_status_t tern_reduce(tern_group_t *g, const void *sbuf, void *rbuf, size_t 
     int algo = (int)cfg_of(g)->coll_algo_reduce;
     if (algo == BC_AUTO)
         algo = bytes <= TREE_MAX ? BC_BINOMIAL : BC_CHAIN;
-    tern__coll_t *c = coll_new(&k, dtype, op);
+    tern__coll_t *c = coll_new(&k, dtype, op, count, root, algo);
     if (c == NULL)
         return TERN_ERR_NO_MEMORY;
     tern__build_reduce(c, sbuf, g->rank == root ? rbuf : NULL, count, root, algo, segment(g));
@@ -267,7 +283,7 @@ static tern_status_t all_gather_common(call_t *k, const void *sbuf, size_t scoun
         algo = AG_RING;
     else if (algo == AG_AUTO)
         algo = total <= AG_BRUCK_MAX ? AG_BRUCK : AG_RING;
-    tern__coll_t *c = coll_new(k, dtype, TERN_SUM);
+    tern__coll_t *c = coll_new(k, dtype, TERN_SUM, SIZE_MAX, -1, algo);
     if (c == NULL)
         return TERN_ERR_NO_MEMORY;
     tern__build_allgatherv(c, sbuf, rbuf, counts, displs, algo);
@@ -344,7 +360,7 @@ static tern_status_t gatherv_common(call_t *k, const void *sbuf, size_t scount, 
             return tern__error(TERN_ERR_INVALID_PARAM, "%s: sendcount %zu but counts[%d] = %zu",
                                k->name, scount, root, counts[root]);
     }
-    tern__coll_t *c = coll_new(k, dtype, TERN_SUM);
+    tern__coll_t *c = coll_new(k, dtype, TERN_SUM, SIZE_MAX, root, 0);
     if (c == NULL)
         return TERN_ERR_NO_MEMORY;
     tern__build_gatherv(c, sbuf, scount, rbuf, counts, displs, root);
@@ -395,7 +411,7 @@ static tern_status_t scatterv_common(call_t *k, const void *sbuf, const size_t *
             return tern__error(TERN_ERR_INVALID_PARAM, "%s: recvcount %zu but counts[%d] = %zu",
                                k->name, rcount, root, counts[root]);
     }
-    tern__coll_t *c = coll_new(k, dtype, TERN_SUM);
+    tern__coll_t *c = coll_new(k, dtype, TERN_SUM, SIZE_MAX, root, 0);
     if (c == NULL)
         return TERN_ERR_NO_MEMORY;
     tern__build_scatterv(c, sbuf, counts, displs, rbuf, rcount, root);
@@ -448,7 +464,7 @@ tern_status_t tern_reduce_scatter(tern_group_t *g, const void *sbuf, void *rbuf,
     if (rbuf != mine && overlap(sbuf, sbytes, rbuf, rbytes))
         return tern__error(TERN_ERR_INVALID_PARAM, "reduce_scatter: recvbuf overlaps sendbuf "
                            "without being this rank's block (in place)");
-    tern__coll_t *c = coll_new(&k, dtype, op);
+    tern__coll_t *c = coll_new(&k, dtype, op, count, -1, 0);
     if (c == NULL)
         return TERN_ERR_NO_MEMORY;
     tern__build_reduce_scatter(c, sbuf, rbuf, count, segment(g));
@@ -478,7 +494,9 @@ static tern_status_t all_to_all_common(call_t *k, const void *sbuf, const size_t
     int algo = (int)cfg_of(g)->coll_algo_alltoall;
     if (algo == A2A_AUTO)
         algo = pair_bytes <= A2A_LINEAR_MAX ? A2A_LINEAR : A2A_PAIRWISE;
-    tern__coll_t *c = coll_new(k, dtype, TERN_SUM);
+    /* Its two schedules exchange the same messages (they differ only in what
+     * waits for what), and all_to_allv ranks choose by their own counts. */
+    tern__coll_t *c = coll_new(k, dtype, TERN_SUM, SIZE_MAX, -1, 0);
     if (c == NULL)
         return TERN_ERR_NO_MEMORY;
     tern__build_alltoallv(c, sbuf, scounts, sdispls, rbuf, rcounts, rdispls, algo);
@@ -523,7 +541,7 @@ tern_status_t tern_barrier(tern_group_t *g, tern_request_t **req)
     tern_status_t st;
     if ((st = call_begin(&k, g, "barrier", TERN_DTYPE_U8)) != TERN_OK)
         return st;
-    tern__coll_t *c = coll_new(&k, TERN_DTYPE_U8, TERN_SUM);
+    tern__coll_t *c = coll_new(&k, TERN_DTYPE_U8, TERN_SUM, 0, -1, 0);
     if (c == NULL)
         return TERN_ERR_NO_MEMORY;
     tern__build_barrier(c);

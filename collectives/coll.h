@@ -66,6 +66,7 @@ typedef struct tern__coll {
     tern_request_t req;  /* what the user waits on (kind REQ_COLL); first member */
     tern_group_t *g;
     const char *op_name; /* "all_reduce" */
+    uint32_t shape;      /* the call's signature, in its rendezvous messages (api.c) */
     uint32_t seq;
     tern_dtype_t dtype;
     tern_reduce_op_t op;

@@ -379,6 +379,11 @@ static void reap(tern__coll_t *c, step_t *s, hold_t *h)
              "counts or dtypes differ across ranks?)", w, s->n);
         return;
     }
+    if (st == TERN_ERR_MISMATCH) {
+        fail(c, TERN_ERR_MISMATCH, "rank %d called it with another count, dtype, op, root or "
+             "algorithm (its end of a %zu-byte message carries another signature)", w, s->n);
+        return;
+    }
     if (st != TERN_OK)
         fail(c, st, "%s rank %d: %s", step_verb(s), w, tern_strerror(st));
 }
@@ -414,10 +419,10 @@ static void launch(tern__coll_t *c, step_t *s, hold_t *h)
         hold_take(h);
         if (s->kind == STEP_SEND)
             st = tern__p2p_isend_locked(comm, c->g->cid, s->a, s->n, w, (int)wire_tag(c, s),
-                                        TERN__P2P_RTR, &s->req);
+                                        TERN__P2P_RTR, c->shape, &s->req);
         else
             st = tern__p2p_irecv_locked(comm, c->g->cid, s->dst, s->n, w, (int)wire_tag(c, s),
-                                        TERN__P2P_RTR, &s->req);
+                                        TERN__P2P_RTR, c->shape, &s->req);
         if (st != TERN_OK) {
             hold_drop(h);
             tern__prof_op_drop(&op);

@@ -38,6 +38,7 @@ struct tern_request {
     uint32_t cid;              /* communicator id: 0 for user p2p, groups use others */
     int peer;                  /* send: destination; recv: source or TERN_ANY_SOURCE */
     int tag;
+    uint32_t shape;            /* a collective's call signature (0: none): ends that differ fail */
     void *buf;
     size_t len;                /* send: bytes; recv: capacity */
     /* rendezvous */
@@ -78,6 +79,7 @@ typedef struct unexp {
     uint64_t sreq;     /* rendezvous: the sender's request id */
     uint64_t raddr;
     uint32_t rkey_len;
+    uint32_t shape;    /* rendezvous: the sender's (tern_request.shape) */
     uint64_t seq;
     uint8_t rkey[TERN_RKEY_MAX];
 } unexp_t;
@@ -251,12 +253,15 @@ tern_status_t tern__p2p_irecv(tern__comm_t *comm, uint32_t cid, void *buf, size_
 #define TERN__P2P_RTR 1u
 /* The same with the lock held (req not NULL): a collective posts a run of
  * them, and reaps what completed, in one hold of the lock. flags:
- * TERN__P2P_RTR or 0. */
+ * TERN__P2P_RTR or 0. shape: the call's signature (0: none); a rendezvous
+ * whose two ends carry different ones fails at both with TERN_ERR_MISMATCH
+ * (eager messages carry none). */
 tern_status_t tern__p2p_isend_locked(tern__comm_t *comm, uint32_t cid, const void *buf,
-                                     size_t len, int dst, int tag, unsigned flags,
+                                     size_t len, int dst, int tag, unsigned flags, uint32_t shape,
                                      tern_request_t **req);
 tern_status_t tern__p2p_irecv_locked(tern__comm_t *comm, uint32_t cid, void *buf, size_t cap,
-                                     int src, int tag, unsigned flags, tern_request_t **req);
+                                     int src, int tag, unsigned flags, uint32_t shape,
+                                     tern_request_t **req);
 /* Sends that waited RTR_WAIT_NS for their receiver's offer go by the
  * sender's offer instead (lock held): a receiver expecting fewer bytes, or
  * one whose offer was refused, then hears of the send all the same. */

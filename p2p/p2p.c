@@ -89,7 +89,7 @@ enum ctrl {
 /* A receiver's offer, kept until its send is posted. */
 typedef struct rtr {
     struct rtr *next;
-    uint32_t cid;
+    uint32_t cid, shape;
     int src, tag;
     size_t cap;
     uint64_t rid, raddr;
@@ -329,6 +329,15 @@ static void deliver_eager(tern__comm_t *comm, tern_request_t *req, int src, int 
 static void start_get(tern__comm_t *comm, tern_request_t *req, const unexp_t *u);
 static void start_put(tern__comm_t *comm, tern_request_t *req, const rtr_t *e);
 
+/* Two ends of one collective message that belong to calls that differ
+ * (count, dtype, op, root or algorithm: tern__coll_t.shape). Message sizes
+ * catch most of that; not a ring whose ranks cut their chunks into equal
+ * segments, but different numbers of them. */
+static bool shapes_differ(uint32_t a, uint32_t b)
+{
+    return a != 0 && b != 0 && a != b;
+}
+
 /* The peer a waiting request moves data with. */
 static int wait_peer(const tern_request_t *r)
 {
@@ -436,6 +445,11 @@ static void start_get(tern__comm_t *comm, tern_request_t *req, const unexp_t *u)
     req->info = (tern_msg_info_t){.source = src, .tag = u->tag, .len = u->len};
     req->seq = u->seq;
     req->id = u->sreq;
+    if (shapes_differ(req->shape, u->shape)) {
+        st = tern__error(TERN_ERR_MISMATCH, "recv: rank %d's call differs from ours (tag %d)", src,
+                         u->tag);
+        goto fail;
+    }
     if ((st = tern__comm_ep(comm, src, &ep)) != TERN_OK)
         goto fail;
     tern_mr_params_t mp = {.field_mask = TERN_MR_PARAM_ACCESS, .access = TERN_ACCESS_LOCAL};
@@ -617,12 +631,13 @@ typedef struct offer {
     uint32_t rkey_len;
     const uint8_t *rkey;
     uint64_t window; /* RTR: the receiver's rx_window */
+    uint32_t shape;  /* its request's (tern_request.shape) */
 } offer_t;
 
 /* Register req's buffer with access and write the offer of it {cid, tag,
- * len, id, address, key}, and for an RTR (rtr) the receiver's window after
- * the key, into a new bounce buffer (*out), under a new id. On failure
- * req->mr is NULL again. */
+ * len, id, address, key length}, key, shape u32, and for an RTR (rtr) the
+ * receiver's window u64, into a new bounce buffer (*out), under a new id. On
+ * failure req->mr is NULL again. */
 static tern_status_t offer_build(tern__comm_t *comm, tern_request_t *req, unsigned access,
                                  bool rtr, bounce_t **out)
 {
@@ -635,7 +650,7 @@ static tern_status_t offer_build(tern__comm_t *comm, tern_request_t *req, unsign
         goto fail;
     if ((st = tern_mr_pack(req->mr, key, &klen)) != TERN_OK)
         goto fail;
-    if ((b = bounce_new(comm, RTS_HDR + klen + (rtr ? 8 : 0))) == NULL) {
+    if ((b = bounce_new(comm, RTS_HDR + klen + 4 + (rtr ? 8 : 0))) == NULL) {
         st = tern__error(TERN_ERR_NO_MEMORY, "p2p: no memory for an offer");
         goto fail;
     }
@@ -647,8 +662,9 @@ static tern_status_t offer_build(tern__comm_t *comm, tern_request_t *req, unsign
     tern__put_le64(b->data + 24, (uintptr_t)req->buf);
     tern__put_le32(b->data + 32, (uint32_t)klen);
     memcpy(b->data + RTS_HDR, key, klen);
+    tern__put_le32(b->data + RTS_HDR + klen, req->shape);
     if (rtr)
-        tern__put_le64(b->data + RTS_HDR + klen, comm->attr.rx_window);
+        tern__put_le64(b->data + RTS_HDR + klen + 4, comm->attr.rx_window);
     *out = b;
     return TERN_OK;
 fail:
@@ -663,9 +679,10 @@ static bool offer_decode(const tern_event_t *ev, bool rtr, offer_t *o)
     if (ev->type != TERN_EVENT_RECV || ev->len < RTS_HDR)
         return false;
     o->rkey_len = tern__get_le32(p + 32);
-    if (o->rkey_len > TERN_RKEY_MAX || ev->len != RTS_HDR + o->rkey_len + (rtr ? 8 : 0))
+    if (o->rkey_len > TERN_RKEY_MAX || ev->len != RTS_HDR + o->rkey_len + 4 + (rtr ? 8 : 0))
         return false;
-    o->window = rtr ? tern__get_le64(p + RTS_HDR + o->rkey_len) : 0;
+    o->shape = tern__get_le32(p + RTS_HDR + o->rkey_len);
+    o->window = rtr ? tern__get_le64(p + RTS_HDR + o->rkey_len + 4) : 0;
     o->cid = tern__get_le32(p);
     o->tag = (int32_t)tern__get_le32(p + 4);
     o->len = tern__get_le64(p + 8);
@@ -704,7 +721,8 @@ static void on_rndv(tern__comm_t *comm, const tern_event_t *ev, void *arg)
         return;
     }
     *u = (unexp_t){.cid = o.cid, .src = src, .tag = o.tag, .len = (size_t)o.len, .rndv = true,
-                   .sreq = o.id, .raddr = o.addr, .rkey_len = o.rkey_len, .seq = seq};
+                   .sreq = o.id, .raddr = o.addr, .rkey_len = o.rkey_len, .shape = o.shape,
+                   .seq = seq};
     memcpy(u->rkey, o.rkey, o.rkey_len);
     tern_request_t *req = take_posted(comm, o.cid, src, o.tag);
     if (req != NULL) {
@@ -769,6 +787,11 @@ static void start_put(tern__comm_t *comm, tern_request_t *req, const rtr_t *e)
     int dst = req->peer;
     tern_ep_t *ep;
     tern_status_t st;
+    if (shapes_differ(req->shape, e->shape)) {
+        st = tern__error(TERN_ERR_MISMATCH, "send: rank %d's call differs from ours (tag %d)",
+                         dst, req->tag);
+        goto fail;
+    }
     if (req->len > e->cap) {
         st = tern__error(TERN_ERR_TRUNCATED, "send: rank %d offered %zu bytes for %zu (tag %d)",
                          dst, e->cap, req->len, req->tag);
@@ -819,8 +842,8 @@ static void on_offer(tern__comm_t *comm, int src, const offer_t *o)
                   comm->nrtrs < RTRS_MAX ? "no memory" : "too many offers", src, o->tag);
         return;
     }
-    *k = (rtr_t){.cid = o->cid, .src = src, .tag = o->tag, .cap = (size_t)o->len, .rid = o->id,
-                 .raddr = o->addr, .rkey_len = o->rkey_len};
+    *k = (rtr_t){.cid = o->cid, .shape = o->shape, .src = src, .tag = o->tag,
+                 .cap = (size_t)o->len, .rid = o->id, .raddr = o->addr, .rkey_len = o->rkey_len};
     memcpy(k->rkey, o->rkey, o->rkey_len);
     for (tern_request_t **pp = &comm->rtr_waits; *pp != NULL; pp = &(*pp)->next) {
         tern_request_t *r = *pp;
@@ -1074,13 +1097,14 @@ tern_status_t tern__p2p_isend(tern__comm_t *comm, uint32_t cid, const void *buf,
     if (req_out == NULL)
         return tern__error(TERN_ERR_INVALID_PARAM, "isend: NULL request pointer");
     tern__comm_lock(comm);
-    st = tern__p2p_isend_locked(comm, cid, buf, len, dst, tag, 0, req_out);
+    st = tern__p2p_isend_locked(comm, cid, buf, len, dst, tag, 0, 0, req_out);
     pthread_mutex_unlock(&comm->lock);
     return st;
 }
 
 tern_status_t tern__p2p_isend_locked(tern__comm_t *comm, uint32_t cid, const void *buf, size_t len,
-                                     int dst, int tag, unsigned flags, tern_request_t **req_out)
+                                     int dst, int tag, unsigned flags, uint32_t shape,
+                                     tern_request_t **req_out)
 {
     tern_request_t *req;
     tern_status_t st;
@@ -1090,7 +1114,7 @@ tern_status_t tern__p2p_isend_locked(tern__comm_t *comm, uint32_t cid, const voi
     if ((req = req_new(comm)) == NULL)
         return tern__error(TERN_ERR_NO_MEMORY, "isend: no memory");
     *req = (tern_request_t){.comm = comm, .kind = REQ_SEND, .cid = cid, .peer = dst, .tag = tag,
-                            .buf = (void *)buf, .len = len};
+                            .shape = shape, .buf = (void *)buf, .len = len};
     req->info = (tern_msg_info_t){.source = dst, .tag = tag, .len = len};
     if (eager_fits(comm, cid, len, dst)) {
         if ((st = send_eager(comm, cid, buf, len, dst, tag, &req->seq)) != TERN_OK)
@@ -1152,7 +1176,7 @@ static void unlink_unexp(tern__comm_t *comm, unexp_t *u, unexp_t *prev)
  * (NULL if none; prev before it, as find_unexp gives them): it takes u, or
  * waits in the posted list. */
 static tern_status_t irecv_post(tern__comm_t *comm, uint32_t cid, void *buf, size_t cap, int src,
-                                int tag, unsigned flags, unexp_t *u, unexp_t *prev,
+                                int tag, unsigned flags, uint32_t shape, unexp_t *u, unexp_t *prev,
                                 tern_request_t **req_out)
 {
     tern_request_t *req;
@@ -1162,7 +1186,7 @@ static tern_status_t irecv_post(tern__comm_t *comm, uint32_t cid, void *buf, siz
     if ((req = req_new(comm)) == NULL)
         return tern__error(TERN_ERR_NO_MEMORY, "irecv: no memory");
     *req = (tern_request_t){.comm = comm, .kind = REQ_RECV, .cid = cid, .peer = src, .tag = tag,
-                            .buf = buf, .len = cap};
+                            .shape = shape, .buf = buf, .len = cap};
     if (u != NULL)
         unlink_unexp(comm, u, prev);
     if (u == NULL) {
@@ -1192,19 +1216,20 @@ tern_status_t tern__p2p_irecv(tern__comm_t *comm, uint32_t cid, void *buf, size_
     if (req_out == NULL)
         return tern__error(TERN_ERR_INVALID_PARAM, "irecv: NULL request pointer");
     tern__comm_lock(comm);
-    st = tern__p2p_irecv_locked(comm, cid, buf, cap, src, tag, 0, req_out);
+    st = tern__p2p_irecv_locked(comm, cid, buf, cap, src, tag, 0, 0, req_out);
     pthread_mutex_unlock(&comm->lock);
     return st;
 }
 
 tern_status_t tern__p2p_irecv_locked(tern__comm_t *comm, uint32_t cid, void *buf, size_t cap,
-                                     int src, int tag, unsigned flags, tern_request_t **req_out)
+                                     int src, int tag, unsigned flags, uint32_t shape,
+                                     tern_request_t **req_out)
 {
     tern_status_t st = check_recv(comm, buf, cap, src, tag);
     if (st != TERN_OK)
         return st;
     unexp_t *prev, *u = find_unexp(comm, cid, src, tag, &prev);
-    return irecv_post(comm, cid, buf, cap, src, tag, flags, u, prev, req_out);
+    return irecv_post(comm, cid, buf, cap, src, tag, flags, shape, u, prev, req_out);
 }
 
 /* ---- withdrawing ---- */
@@ -1542,7 +1567,7 @@ tern_status_t tern__p2p_recv(tern__comm_t *comm, uint32_t cid, void *buf, size_t
         free(u);
         return st;
     }
-    if ((st = irecv_post(comm, cid, buf, cap, src, tag, 0, u, prev, &req)) != TERN_OK) {
+    if ((st = irecv_post(comm, cid, buf, cap, src, tag, 0, 0, u, prev, &req)) != TERN_OK) {
         pthread_mutex_unlock(&comm->lock);
         return st;
     }

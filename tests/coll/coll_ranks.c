@@ -626,6 +626,25 @@ static void test_mismatch_big(void)
         }
         tern_group_destroy(P);
     }
+    /* Counts whose ring chunks are both whole numbers of 512 KiB segments (16
+     * and 17 MiB over a pair: 16 and 17 segments of equal size). Sizes cannot
+     * tell; the call's signature in each rendezvous offer does. Without it
+     * the rank with fewer returned OK and the other waited for TERN_TIMEOUT. */
+    static const size_t ring_pairs[][2] = {{4u << 20, 17u << 18}, {17u << 18, 4u << 20}};
+    float *big = xmalloc((17u << 18) * sizeof(float));
+    memset(big, 0, (17u << 18) * sizeof(float));
+    for (size_t i = 0; i < 2; i++) {
+        tern_group_t *P;
+        OK(tern_group_create(ctx, pair, 2, &P));
+        if (rank < 2) {
+            size_t count = ring_pairs[i][rank];
+            tern_status_t st = tern_all_reduce(P, big, big, count, TERN_DTYPE_F32, TERN_SUM, NULL);
+            CHECK(st == TERN_ERR_MISMATCH, "counts %zu/%zu gave %s", ring_pairs[i][0],
+                  ring_pairs[i][1], tern_status_name(st));
+        }
+        tern_group_destroy(P);
+    }
+    free(big);
     /* A broadcast root sending more than a receiver expecting a message under
      * the limit: the root's send waits for an offer that never comes, then
      * offers its buffer after 50 ms, and the receiver reports the truncation
