@@ -644,6 +644,26 @@ static void test_mismatch_big(void)
         }
         tern_group_destroy(P);
     }
+    /* Over shared memory a pair's all_reduce above 8 MiB takes the ring in
+     * place and Rabenseifner out of place (api.c, rab_max): a pair mixing
+     * the two forms runs different schedules, and the signature says so. */
+    char prov[16];
+    if (tern_ctx_transport(ctx, prov, sizeof(prov), NULL, 0) == TERN_OK &&
+        strcmp(prov, "ucx") == 0 && getenv("UCX_TLS") != NULL &&
+        strcmp(getenv("UCX_TLS"), "sm") == 0) {
+        size_t n = 4u << 20;
+        float *out = xmalloc(n * sizeof(float));
+        tern_group_t *P;
+        OK(tern_group_create(ctx, pair, 2, &P));
+        if (rank < 2) {
+            tern_status_t st = tern_all_reduce(P, big, rank == 0 ? big : out, n, TERN_DTYPE_F32,
+                                               TERN_SUM, NULL);
+            CHECK(st == TERN_ERR_MISMATCH, "16 MiB all_reduce, %s on rank %d: %s",
+                  rank == 0 ? "in place" : "out of place", rank, tern_status_name(st));
+        }
+        tern_group_destroy(P);
+        free(out);
+    }
     free(big);
     /* A broadcast root sending more than a receiver expecting a message under
      * the limit: the root's send waits for an offer that never comes, then
