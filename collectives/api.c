@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "collectives/coll.h"
+#include "core/bytes.h"
 #include "core/config.h"
 #include "core/context.h"
 #include "core/error.h"
@@ -124,12 +125,11 @@ static tern__coll_t *coll_new(const call_t *k, tern_dtype_t dtype, tern_reduce_o
         return NULL;
     uint64_t v[] = {(uint64_t)dtype, (uint64_t)op, (uint64_t)count, (uint64_t)(int64_t)root,
                     (uint64_t)(int64_t)algo};
-    uint32_t h = 2166136261u;
-    for (const char *s = k->name; *s != '\0'; s++)
-        h = (h ^ (uint8_t)*s) * 16777619u;
+    uint8_t wire[sizeof(v)];
     for (size_t i = 0; i < sizeof(v) / sizeof(v[0]); i++)
-        for (int b = 0; b < 64; b += 8)
-            h = (h ^ (uint8_t)(v[i] >> b)) * 16777619u;
+        tern__put_le64(wire + 8 * i, v[i]);
+    uint32_t h = tern__fnv1a(TERN__FNV_SEED, k->name, strlen(k->name));
+    h = tern__fnv1a(h, wire, sizeof(wire));
     c->shape = h != 0 ? h : 1;
     return c;
 }

@@ -104,4 +104,18 @@ static inline uint64_t tern__get_be64(const uint8_t *p)
     return (uint64_t)tern__get_be32(p) << 32 | tern__get_be32(p + 4);
 }
 
+/* FNV-1a over len bytes, continuing from h (TERN__FNV_SEED to start): a
+ * checksum or signature of wire bytes, the same on every host. */
+#define TERN__FNV_SEED 2166136261u
+
+static inline uint32_t tern__fnv1a(uint32_t h, const void *data, size_t len)
+{
+    const uint8_t *p = data;
+    for (size_t i = 0; i < len; i++) {
+        h ^= p[i];
+        h *= 16777619u;
+    }
+    return h;
+}
+
 #endif

@@ -634,6 +634,13 @@ typedef struct offer {
     uint32_t shape;  /* its request's (tern_request.shape) */
 } offer_t;
 
+/* Bytes of an offer with a klen-byte key: header, key, shape, and an RTR's
+ * window. */
+static size_t offer_len(size_t klen, bool rtr)
+{
+    return RTS_HDR + klen + 4 + (rtr ? 8 : 0);
+}
+
 /* Register req's buffer with access and write the offer of it {cid, tag,
  * len, id, address, key length}, key, shape u32, and for an RTR (rtr) the
  * receiver's window u64, into a new bounce buffer (*out), under a new id. On
@@ -650,7 +657,7 @@ static tern_status_t offer_build(tern__comm_t *comm, tern_request_t *req, unsign
         goto fail;
     if ((st = tern_mr_pack(req->mr, key, &klen)) != TERN_OK)
         goto fail;
-    if ((b = bounce_new(comm, RTS_HDR + klen + 4 + (rtr ? 8 : 0))) == NULL) {
+    if ((b = bounce_new(comm, offer_len(klen, rtr))) == NULL) {
         st = tern__error(TERN_ERR_NO_MEMORY, "p2p: no memory for an offer");
         goto fail;
     }
@@ -679,7 +686,7 @@ static bool offer_decode(const tern_event_t *ev, bool rtr, offer_t *o)
     if (ev->type != TERN_EVENT_RECV || ev->len < RTS_HDR)
         return false;
     o->rkey_len = tern__get_le32(p + 32);
-    if (o->rkey_len > TERN_RKEY_MAX || ev->len != RTS_HDR + o->rkey_len + 4 + (rtr ? 8 : 0))
+    if (o->rkey_len > TERN_RKEY_MAX || ev->len != offer_len(o->rkey_len, rtr))
         return false;
     o->shape = tern__get_le32(p + RTS_HDR + o->rkey_len);
     o->window = rtr ? tern__get_le64(p + RTS_HDR + o->rkey_len + 4) : 0;
@@ -1384,10 +1391,10 @@ tern_status_t tern__p2p_init(tern__comm_t *comm)
         comm->arrived == NULL || comm->put_bytes == NULL || comm->put_window == NULL ||
         comm->get_bytes == NULL)
         return tern__error(TERN_ERR_NO_MEMORY, "p2p: no memory");
-    for (unsigned r = 0; r < comm->world; r++)
-        comm->put_window[r] = comm->attr.rx_window; /* until the peer's first offer */
-    for (unsigned r = 0; r < comm->world; r++)
+    for (unsigned r = 0; r < comm->world; r++) {
         comm->credits[r] = (int64_t)comm->credit_per_peer;
+        comm->put_window[r] = comm->attr.rx_window; /* until the peer's first offer */
+    }
     tern__comm_set_handler(comm, TERN_IMM_P2P_EAGER, on_eager, NULL);
     tern__comm_set_handler(comm, TERN_IMM_P2P_RNDV, on_rndv, NULL);
     tern__comm_set_handler(comm, TERN_IMM_CONTROL, on_control, NULL);

@@ -190,30 +190,18 @@ static void link_del(link_t *l)
     l->prev = l->next = l;
 }
 
-/* FNV-1a: catches a blob damaged on its way through the store before UCX,
- * which does not validate what it unpacks, ever sees it. */
-static uint32_t fnv1a(uint32_t h, const void *data, size_t len)
-{
-    const uint8_t *p = data;
-    for (size_t i = 0; i < len; i++) {
-        h ^= p[i];
-        h *= 16777619u;
-    }
-    return h;
-}
-
-#define FNV_SEED 2166136261u
-
 /* The address blob:
  *   0 u32 magic  4 u16 version  6 u16 header length (40)  8 u32 self_id
  *  12 u32 UCX address length  16 u32 checksum  20 u32 flags (ADDR_F_NOTICE)
  *  24 u32 pid  28 u32 0  32 u64 notice key  40.. the UCX worker address
- * The checksum covers everything but itself. */
+ * The checksum (FNV-1a) covers everything but itself: it catches a blob
+ * damaged on its way through the store before UCX, which does not validate
+ * what it unpacks, ever sees it. */
 static uint32_t addr_checksum(const uint8_t *a, size_t ulen)
 {
-    uint32_t h = fnv1a(FNV_SEED, a, 16);
-    h = fnv1a(h, a + 20, 20);
-    return fnv1a(h, a + 40, ulen);
+    uint32_t h = tern__fnv1a(TERN__FNV_SEED, a, 16);
+    h = tern__fnv1a(h, a + 20, 20);
+    return tern__fnv1a(h, a + 40, ulen);
 }
 
 /* seq a comes before seq b, modulo 2^32. */
@@ -2416,6 +2404,13 @@ static void ucx_mr_dereg(tern_mr_t *bmr)
     free(mr);
 }
 
+/* The packed key's checksum (FNV-1a) covers its first 36 bytes and the
+ * ulen bytes of UCX key after the header. */
+static uint32_t rkey_checksum(const uint8_t *b, size_t ulen)
+{
+    return tern__fnv1a(tern__fnv1a(TERN__FNV_SEED, b, 36), b + RKEY_HDR_LEN, ulen);
+}
+
 /* The packed key: a 40-byte tern header, then UCX's packed rkey.
  *   0 u32 magic  4 u16 version  6 u16 header length  8 u64 base  16 u64 length
  *  24 u32 access (| RKEY_F_HOST)  28 u32 registration id  32 u32 UCX rkey length  36 u32 checksum */
@@ -2442,7 +2437,7 @@ static tern_status_t ucx_mr_pack(const tern_mr_t *bmr, void *buf, size_t *len)
     tern__put_le32(b + 32, (uint32_t)mr->rkey_len);
     if (mr->rkey_len > 0)
         memcpy(b + RKEY_HDR_LEN, mr->rkey_buf, mr->rkey_len);
-    tern__put_le32(b + 36, fnv1a(fnv1a(FNV_SEED, b, 36), b + RKEY_HDR_LEN, mr->rkey_len));
+    tern__put_le32(b + 36, rkey_checksum(b, mr->rkey_len));
     *len = need;
     return TERN_OK;
 }
@@ -2478,7 +2473,7 @@ static tern_status_t ucx_rkey_unpack(tern_ep_t *bep, const void *buf, size_t len
         return tern__error(TERN_ERR_INVALID_PARAM,
                            "ucx: remote key says %u bytes of UCX key, %zu follow (truncated?)",
                            ulen, len - RKEY_HDR_LEN);
-    if (fnv1a(fnv1a(FNV_SEED, b, 36), b + RKEY_HDR_LEN, ulen) != tern__get_le32(b + 36))
+    if (rkey_checksum(b, ulen) != tern__get_le32(b + 36))
         return tern__error(TERN_ERR_INVALID_PARAM, "ucx: remote key checksum mismatch (damaged)");
     if ((access & ~(all | RKEY_F_HOST)) != 0 || (access & all) == 0 || base > UINT64_MAX - rlen ||
         (uint64_t)(size_t)rlen != rlen || (rlen == 0) != (ulen == 0))
