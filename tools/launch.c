@@ -18,6 +18,7 @@
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <tern/clock.h>
@@ -31,6 +32,10 @@ extern char **environ;
 /* After the last rank exits, how long its pipes may stay open (held by
  * processes it left behind) before those are killed. */
 #define DRAIN_NS (1000000000ll)
+
+/* How long the processes left in the ranks' groups may take to die of the
+ * SIGKILL that ends the job: only one stuck in the kernel takes long. */
+#define END_NS (3000000000ll)
 
 /* The signals tern-run passes on to every rank's process group. */
 static const struct {
@@ -615,6 +620,40 @@ out:
 
 /* ---- the job ---- */
 
+/* Whatever is left in the ranks' process groups ends with the job, as a Slurm
+ * step's processes do: SIGKILL, then wait until the groups are empty. Waiting
+ * matters: a process whose pipes are closed may still be exiting when the loop
+ * sees their EOF. As the child subreaper, tern-run inherits what the ranks
+ * orphaned and reaps it here, so zombies do not keep a group alive. */
+static void end_groups(job_t *job)
+{
+    uint64_t deadline = tern_clock_ns() + END_NS;
+    const struct timespec pause = {0, 2000000};
+    char d[32];
+
+    for (;;) {
+        unsigned left = 0;
+
+        while (waitpid(-1, NULL, WNOHANG) > 0) {
+        }
+        for (unsigned r = 0; r < job->started; r++) {
+            if (job->ranks[r].pid > 0 && kill(-job->ranks[r].pid, 0) == 0) {
+                kill(-job->ranks[r].pid, SIGKILL);
+                left++;
+            }
+        }
+        if (left == 0)
+            return;
+        if (tern_clock_ns() >= deadline) {
+            report(job, "processes in %u rank%s process group%s did not end %s after SIGKILL",
+                   left, left == 1 ? "'s" : "s'", left == 1 ? "" : "s",
+                   fmt_duration(END_NS, d, sizeof(d)));
+            return;
+        }
+        nanosleep(&pause, NULL);
+    }
+}
+
 int tr_job_run(const tr_job_opts_t *opts)
 {
     job_t job = {.opts = opts, .wake = {-1, -1}, .devnull = -1};
@@ -656,6 +695,9 @@ int tr_job_run(const tr_job_opts_t *opts)
         goto out;
     }
     sig_wake_fd = job.wake[1];
+    /* Orphans of the ranks come to us rather than to init, so end_groups can
+     * reap them. Without it (kernels before 3.4) they go to init as before. */
+    prctl(PR_SET_CHILD_SUBREAPER, 1);
     if (!install_handlers(&job)) {
         ret = TR_EXIT_INTERNAL;
         goto out;
@@ -681,6 +723,8 @@ out:
             rank->live = false;
         }
     }
+    if (job.ranks != NULL)
+        end_groups(&job);
     for (unsigned r = 0; job.ranks != NULL && r < opts->nranks; r++) {
         tr_stream_drain(&job.ranks[r].out);
         tr_stream_drain(&job.ranks[r].err);

@@ -41,4 +41,17 @@ expect_rc 0 "$rc" "rank leaving a child"
 for r in 0 1; do
     gone "$(pid_in "$TMP/child.$r.pid")" || fail "rank $r's leftover child still running"
 done
+
+# A rank that exits 0 leaving a child that holds none of its pipes: the job's
+# process groups end with it, as a Slurm step's do.
+rm -f "$TMP"/*.pid
+t0=$(now_ms)
+run_rc rc "$RUN" -n 2 "$PROBE" detach "$TMP" echo done
+elapsed=$(($(now_ms) - t0))
+expect_rc 0 "$rc" "rank leaving a detached child"
+[ "$(grep -c '^\[[01]\] done$' "$TMP/out")" -eq 2 ] || { show; fail "output lost"; }
+[ "$elapsed" -lt 8000 ] || fail "waited ${elapsed} ms for a rank's detached child"
+for r in 0 1; do
+    gone "$(pid_in "$TMP/child.$r.pid")" || fail "rank $r's detached child still running"
+done
 echo "PASS"

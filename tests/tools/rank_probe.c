@@ -16,6 +16,7 @@
  *   pidfile DIR      write our pid to DIR/rank.R.pid
  *   fork DIR         start a child that sleeps 60 s (holding our stdout and
  *                    stderr); write its pid to DIR/child.R.pid
+ *   detach DIR       the same, but the child's stdout and stderr are /dev/null
  *   sleep SECONDS    sleep (fractions allowed)
  *   ignoreterm       ignore SIGTERM from now on
  *   waitsig          print "rank R ready", wait for SIGTERM, SIGINT, SIGHUP or
@@ -28,6 +29,7 @@
  */
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -157,7 +159,8 @@ int main(int argc, char **argv)
             if (only != rank) {
                 /* Skip the command and its argument, if it takes one. */
                 static const char *const with_arg[] = {"getenv", "echo", "tail", "lines", "long",
-                                                       "pidfile", "fork", "sleep", "exit"};
+                                                       "pidfile", "fork", "detach", "sleep",
+                                                       "exit"};
                 for (size_t k = 0; k < sizeof(with_arg) / sizeof(with_arg[0]); k++)
                     if (strcmp(argv[i], with_arg[k]) == 0)
                         i++;
@@ -221,12 +224,17 @@ int main(int argc, char **argv)
             say(1, "%s\n", list);
         } else if (strcmp(cmd, "pidfile") == 0) {
             write_pidfile(need(argc, argv, ++i), "rank", getpid());
-        } else if (strcmp(cmd, "fork") == 0) {
+        } else if (strcmp(cmd, "fork") == 0 || strcmp(cmd, "detach") == 0) {
             const char *dir = need(argc, argv, ++i);
             pid_t pid = fork();
             if (pid < 0)
                 return 106;
             if (pid == 0) {
+                if (cmd[0] == 'd') {
+                    int null = open("/dev/null", O_WRONLY);
+                    if (null < 0 || dup2(null, 1) < 0 || dup2(null, 2) < 0)
+                        _exit(108);
+                }
                 sleep_seconds(60);
                 _exit(0);
             }
