@@ -1204,13 +1204,16 @@ static void test_futures(const char *to)
     OK(tern_rpc_async(ctx, to, "sleep_ms", &late, 0, &fs[0]));
     uint64_t t_wait = tern_clock_ns();
     st = tern_future_wait_all(fs, 1, 20 * MS);
+    uint64_t waited = tern_clock_ns() - t_wait;
     int done_now = tern_future_test(fs[0]);
     /* A loaded machine (sanitizers, 2 cores) can return from a 20 ms wait
-     * after the 200 ms call has ended; only a prompt return proves the call
-     * was still out. */
-    bool prompt = tern_clock_ns() - t_wait < 150 * MS;
-    CHECK(st == TERN_ERR_TIMEOUT && (!prompt || done_now == 0), "wait_all that runs out: %s",
-          tern_status_name(st));
+     * after the 200 ms call has ended, and then OK is the right answer; only
+     * a prompt return proves the call was still out. */
+    bool prompt = waited < 150 * MS;
+    CHECK(prompt ? st == TERN_ERR_TIMEOUT && done_now == 0
+                 : st == TERN_ERR_TIMEOUT || (st == TERN_OK && done_now == 1),
+          "wait_all that runs out: %s after %.3f s, done %d", tern_status_name(st),
+          (double)waited / 1e9, done_now);
     OK(tern_future_wait_all(fs, 1, -1));
     tern_future_free(fs[0]);
     OK(tern_future_wait_all(NULL, 0, 0));
