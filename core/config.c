@@ -74,6 +74,10 @@ static const field_t fields[] = {
     {.name = "TERN_POLL", .group = "tern", .type = FIELD_ENUM, .dflt = "blocking",
      .values = "blocking|busy", .offset = OFF(poll),
      .doc = "progress: sleep on the transport's fd, or spin for the lowest latency"},
+    {.name = "TERN_POLL_SPIN", .group = "tern", .type = FIELD_DURATION, .dflt = "10ms",
+     .offset = OFF(poll_spin_ns),
+     .doc = "with TERN_POLL=blocking, how long a waiting call polls without progress before "
+            "it sleeps on the transport's fd"},
     {.name = "TERN_TCP_SOCKBUF", .group = "tern", .type = FIELD_SIZE, .dflt = "4M",
      .offset = OFF(tcp_sockbuf),
      .doc = "tcp provider: SO_SNDBUF/SO_RCVBUF of each connection; 0 leaves the kernel's "

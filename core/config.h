@@ -45,6 +45,7 @@ typedef struct tern__config {
     bool bind;
     int64_t transport; /* 0 auto, 1 verbs, 2 ucx, 3 tcp (the TERN_TRANSPORT enum order) */
     int64_t poll;      /* 0 blocking, 1 busy */
+    int64_t poll_spin_ns;
     uint64_t tcp_sockbuf;
     uint64_t tcp_zcopy;
     uint64_t ucx_cma;

@@ -101,6 +101,7 @@ struct tern__comm {
     atomic_uint waits; /* waiters' heartbeat (runtime.c): the progress thread naps while it moves */
     atomic_int lock_wanted;   /* threads blocked in tern__comm_lock: a waiter lets go */
     bool busy_poll;
+    uint64_t spin_ns;         /* TERN_POLL_SPIN: idle polling before a waiter sleeps */
     bool yield_idle;          /* more local ranks than cores: give the core away when idle */
     tern_ep_t **eps;          /* [world], created on first use */
     /* the endpoint lookups' own store connection (runtime.c, comm_open);

@@ -31,8 +31,6 @@
 #include "p2p/comm.h"
 #include "prof/prof.h"
 
-/* How long a waiter polls without progress before it sleeps (blocking mode). */
-#define SPIN_NS (200 * 1000)
 /* How long the progress thread naps while waiters are (or just were) active:
  * in a loop of blocking calls the next wait starts within microseconds, and
  * waking the progress thread in between costs a core. */
@@ -276,6 +274,7 @@ static tern_status_t comm_open(tern_ctx_t *ctx)
     tern__prof_set_rank((int)comm->rank);
     comm->world = tern_ctx_world_size(ctx);
     comm->busy_poll = cfg->poll == 1;
+    comm->spin_ns = (uint64_t)cfg->poll_spin_ns;
     /* Oversubscribed (more ranks here than cores we may run on), a waiter
      * that spins holds the core the rank it waits for needs: yield on every
      * idle poll, as Open MPI's mpi_yield_when_idle does. */
@@ -487,7 +486,7 @@ static inline void waiter_beat(tern__comm_t *comm)
 /*
  * The waiter drives progress itself, and the progress thread keeps out of the
  * way: no hand-off between threads on the path of a reply. It spins until
- * SPIN_NS pass without progress; then (TERN_POLL=blocking) it sleeps on the
+ * TERN_POLL_SPIN passes without progress; then (TERN_POLL=blocking) it sleeps on the
  * transport's fd, so the kernel wakes it when something arrives. The clock is read only every
  * POLLS_PER_CLOCK idle polls: most waits end before the first look. With
  * keep_lock, a wait that sees *done right after its own progress returns
@@ -558,11 +557,12 @@ static wait_end_t wait_loop(tern__comm_t *comm, atomic_int *done, int64_t timeou
             if (timeout_ns >= 0)
                 deadline = start + (uint64_t)timeout_ns;
         }
-        /* The spin is over after SPIN_NS without progress, not SPIN_NS into
-         * the wait: a collective's wait streams data for milliseconds with
-         * short gaps, and sleeping in each gap once 200 us had passed cost a
-         * wake-up per gap (on a VM with steal, tens to hundreds of us each:
-         * a 2-rank 4 MiB all_reduce over tcp took 2-4x as long). */
+        /* The spin is over after TERN_POLL_SPIN without progress, not that
+         * long into the wait: a collective's wait streams data for
+         * milliseconds with short gaps, and sleeping in each gap once 200 us
+         * had passed cost a wake-up per gap (on a VM with steal, tens to
+         * hundreds of us each: a 2-rank 4 MiB all_reduce over tcp took 2-4x
+         * as long). Why 10 ms and not 200 us of quiet: docs/p2p.md. */
         if (moved || quiet_since == 0)
             quiet_since = now;
         moved = false;
@@ -573,7 +573,7 @@ static wait_end_t wait_loop(tern__comm_t *comm, atomic_int *done, int64_t timeou
             break;
         }
         /* Not done (checked above, and it cannot change while we hold the lock). */
-        bool sleep = !comm->busy_poll && fd >= 0 && now - quiet_since > SPIN_NS && !helper &&
+        bool sleep = !comm->busy_poll && fd >= 0 && now - quiet_since > comm->spin_ns && !helper &&
                      tern_transport_arm(comm->tp) == TERN_OK;
         pthread_mutex_unlock(&comm->lock);
         tern__comm_coll_poll(comm, true);
