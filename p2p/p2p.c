@@ -74,7 +74,15 @@ enum ctrl {
     CTRL_RTR_FAIL = 8
 };
 
+/* An eager message: cid u32, tag u32, and for a collective's (cid != 0) the
+ * call's signature u32 (tern_request.shape), then the payload. */
 #define EAGER_HDR 8
+#define EAGER_SIG 4
+
+static inline size_t eager_hdr(uint32_t cid)
+{
+    return cid != 0 ? EAGER_HDR + EAGER_SIG : EAGER_HDR;
+}
 #define RTS_HDR 36 /* and RTR's */
 
 /* How long a send waits for its receiver's offer before it offers its own
@@ -305,11 +313,30 @@ static tern_status_t copy_eager(tern__comm_t *comm, void *buf, size_t cap, int s
     return TERN_ERR_TRUNCATED;
 }
 
+/* Two ends of one collective message that belong to calls that differ
+ * (count, dtype, op, root or algorithm: tern__coll_t.shape). Message sizes
+ * catch most of that; not a ring whose ranks cut their chunks into equal
+ * segments, but different numbers of them. */
+static bool shapes_differ(uint32_t a, uint32_t b)
+{
+    return a != 0 && b != 0 && a != b;
+}
+
+/* An eager message of another call (its signature differs) is credited back
+ * and dropped; the receive fails, and the collective's ABORT tells the
+ * sender, whose send completed as it was posted. */
 static void deliver_eager(tern__comm_t *comm, tern_request_t *req, int src, int tag, uint64_t seq,
-                          const uint8_t *data, size_t len)
+                          uint32_t shape, const uint8_t *data, size_t len)
 {
     req->info = (tern_msg_info_t){.source = src, .tag = tag, .len = len};
     req->seq = seq;
+    if (shapes_differ(req->shape, shape)) {
+        consumed(comm, src, len);
+        tern__req_complete(req, tern__error(TERN_ERR_MISMATCH,
+                                            "recv: rank %d's call differs from ours (tag %d)", src,
+                                            tag));
+        return;
+    }
     tern__req_complete(req, copy_eager(comm, req->buf, req->len, src, tag, data, len));
 }
 
@@ -328,15 +355,6 @@ static void deliver_eager(tern__comm_t *comm, tern_request_t *req, int src, int 
 
 static void start_get(tern__comm_t *comm, tern_request_t *req, const unexp_t *u);
 static void start_put(tern__comm_t *comm, tern_request_t *req, const rtr_t *e);
-
-/* Two ends of one collective message that belong to calls that differ
- * (count, dtype, op, root or algorithm: tern__coll_t.shape). Message sizes
- * catch most of that; not a ring whose ranks cut their chunks into equal
- * segments, but different numbers of them. */
-static bool shapes_differ(uint32_t a, uint32_t b)
-{
-    return a != 0 && b != 0 && a != b;
-}
 
 /* The peer a waiting request moves data with. */
 static int wait_peer(const tern_request_t *r)
@@ -586,19 +604,21 @@ static void on_eager(tern__comm_t *comm, const tern_event_t *ev, void *arg)
 {
     (void)arg;
     int src = (int)ev->src;
-    if (ev->type != TERN_EVENT_RECV || ev->len < EAGER_HDR || ev->src >= comm->world) {
+    const uint8_t *p = ev->data;
+    if (ev->type != TERN_EVENT_RECV || ev->len < EAGER_HDR || ev->src >= comm->world ||
+        ev->len < eager_hdr(tern__get_le32(p))) {
         tern_warn("p2p: malformed eager message from rank %u (%zu bytes); dropped", ev->src, ev->len);
         return;
     }
-    const uint8_t *p = ev->data;
     uint32_t cid = tern__get_le32(p);
     int tag = (int32_t)tern__get_le32(p + 4);
-    size_t len = ev->len - EAGER_HDR;
+    uint32_t shape = cid != 0 ? tern__get_le32(p + EAGER_HDR) : 0;
+    size_t hdr = eager_hdr(cid), len = ev->len - hdr;
     uint64_t seq = msg_seq(comm, src, ev->imm);
     tern_request_t *req = take_posted(comm, cid, src, tag);
     if (req != NULL) {
         rtr_withdraw(comm, req, true);
-        deliver_eager(comm, req, src, tag, seq, p + EAGER_HDR, len);
+        deliver_eager(comm, req, src, tag, seq, shape, p + hdr, len);
         return;
     }
     /* Credit bounds this; a peer that ignores it is refused rather than let
@@ -617,8 +637,9 @@ static void on_eager(tern__comm_t *comm, const tern_event_t *ev, void *arg)
         return;
     }
     if (len)
-        memcpy(copy, p + EAGER_HDR, len);
-    *u = (unexp_t){.cid = cid, .src = src, .tag = tag, .len = len, .data = copy, .seq = seq};
+        memcpy(copy, p + hdr, len);
+    *u = (unexp_t){
+        .cid = cid, .src = src, .tag = tag, .len = len, .data = copy, .seq = seq, .shape = shape};
     comm->unexpected_bytes += len;
     append_unexp(comm, u);
 }
@@ -1078,10 +1099,10 @@ void tern__p2p_rtr_tick(tern__comm_t *comm, uint64_t now)
  * as it posts (attr.max_inline) is staged on the stack, not in a bounce
  * buffer: on shared memory that is a tenth of a small message's cost. */
 static tern_status_t send_eager(tern__comm_t *comm, uint32_t cid, const void *buf, size_t len,
-                                int dst, int tag, uint64_t *seq)
+                                int dst, int tag, uint32_t shape, uint64_t *seq)
 {
     uint8_t stack[BOUNCE_SMALL];
-    const size_t n = EAGER_HDR + len;
+    const size_t hdr = eager_hdr(cid), n = hdr + len;
     const bool inl = n <= comm->attr.max_inline && n <= sizeof(stack);
     bounce_t *b = inl ? NULL : bounce_new(comm, n);
     uint8_t *msg = inl ? stack : b != NULL ? b->data : NULL;
@@ -1089,8 +1110,10 @@ static tern_status_t send_eager(tern__comm_t *comm, uint32_t cid, const void *bu
         return tern__error(TERN_ERR_NO_MEMORY, "send: no memory for %zu bytes", len);
     tern__put_le32(msg, cid);
     tern__put_le32(msg + 4, (uint32_t)tag);
+    if (cid != 0)
+        tern__put_le32(msg + EAGER_HDR, shape);
     if (len)
-        memcpy(msg + EAGER_HDR, buf, len);
+        memcpy(msg + hdr, buf, len);
     tern_status_t st = send_msg(comm, dst, msg_imm(comm, TERN_IMM_P2P_EAGER, dst, seq), msg, n, b);
     if (st == TERN_OK)
         comm->credits[dst] -= (int64_t)len;
@@ -1124,7 +1147,7 @@ tern_status_t tern__p2p_isend_locked(tern__comm_t *comm, uint32_t cid, const voi
                             .shape = shape, .buf = (void *)buf, .len = len};
     req->info = (tern_msg_info_t){.source = dst, .tag = tag, .len = len};
     if (eager_fits(comm, cid, len, dst)) {
-        if ((st = send_eager(comm, cid, buf, len, dst, tag, &req->seq)) != TERN_OK)
+        if ((st = send_eager(comm, cid, buf, len, dst, tag, shape, &req->seq)) != TERN_OK)
             goto fail;
         tern__req_complete(req, TERN_OK); /* the payload is ours now: the buffer is free */
     } else if (rtr_fits(comm, cid, len, flags)) {
@@ -1208,7 +1231,7 @@ static tern_status_t irecv_post(tern__comm_t *comm, uint32_t cid, void *buf, siz
         get_or_queue(comm, req, u);
     } else {
         comm->unexpected_bytes -= u->len;
-        deliver_eager(comm, req, u->src, u->tag, u->seq, u->data, u->len);
+        deliver_eager(comm, req, u->src, u->tag, u->seq, u->shape, u->data, u->len);
         free(u->data);
         free(u);
     }
@@ -1366,18 +1389,18 @@ void tern__p2p_peer_lost(tern__comm_t *comm, int peer, tern_status_t why)
 }
 
 /* An eager limit as configured, at most what one send carries after the
- * eager header. */
-static size_t eager_cap(const tern__comm_t *comm, uint64_t limit)
+ * eager header (hdr). */
+static size_t eager_cap(const tern__comm_t *comm, uint64_t limit, size_t hdr)
 {
-    size_t most = comm->attr.max_send - EAGER_HDR;
+    size_t most = comm->attr.max_send - hdr;
     return limit < most ? (size_t)limit : most;
 }
 
 tern_status_t tern__p2p_init(tern__comm_t *comm)
 {
     const tern__config_t *cfg = tern__ctx_config(comm->ctx);
-    comm->eager_limit = eager_cap(comm, cfg->eager_limit);
-    comm->coll_eager_limit = eager_cap(comm, cfg->coll_eager_limit);
+    comm->eager_limit = eager_cap(comm, cfg->eager_limit, eager_hdr(0));
+    comm->coll_eager_limit = eager_cap(comm, cfg->coll_eager_limit, eager_hdr(1));
     comm->rtr_on = cfg->coll_rtr && comm->attr.revokes_keys;
     comm->credit_per_peer = cfg->unexpected_max / comm->world;
     comm->credits = calloc(comm->world, sizeof(*comm->credits));
@@ -1538,7 +1561,7 @@ tern_status_t tern__p2p_send(tern__comm_t *comm, uint32_t cid, const void *buf, 
         return st;
     tern__comm_lock(comm);
     if (eager_fits(comm, cid, len, dst)) {
-        st = send_eager(comm, cid, buf, len, dst, tag, seq);
+        st = send_eager(comm, cid, buf, len, dst, tag, 0, seq);
         pthread_mutex_unlock(&comm->lock);
         return st;
     }
