@@ -44,6 +44,9 @@ static tern_status_t call_begin(call_t *k, tern_group_t *g, const char *name, te
     k->es = tern_dtype_size(dtype);
     if (g == NULL)
         return tern__error(TERN_ERR_INVALID_PARAM, "%s: NULL group", name);
+    if (g->comm == NULL)
+        return tern__error(TERN_ERR_INVALID_PARAM, "%s: group %u's context is finalized", name,
+                           g->cid);
     if (g->rank < 0)
         return tern__error(TERN_ERR_INVALID_PARAM,
                            "%s: world rank %u is not a member of group %u (%d ranks)", name,

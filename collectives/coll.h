@@ -52,7 +52,8 @@ typedef struct step {
 
 struct tern_group {
     tern_ctx_t *ctx;
-    tern__comm_t *comm;
+    tern__comm_t *comm;  /* NULL once its context is finalized */
+    struct tern_group *next_live; /* coll_state_t.groups, under the comm lock */
     uint32_t cid;        /* communicator id of its messages (0 is user p2p) */
     int size, rank;      /* rank -1: not a member */
     int *world;          /* [size] world rank of each group rank */
@@ -104,6 +105,7 @@ typedef struct abort_note {
 /* The collectives state of a comm: the world group and what is in flight. */
 typedef struct coll_state {
     tern_group_t *world;
+    tern_group_t *groups; /* made by tern_group_create, not yet destroyed */
     uint32_t next_cid;
     tern__coll_t *active; /* collectives in flight, under the comm lock */
     abort_note_t notes[ABORT_NOTES]; /* under the comm lock; ring, oldest overwritten */

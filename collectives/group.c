@@ -28,6 +28,9 @@ static void fini_hook(tern__comm_t *comm)
      * (p2p's teardown cancels what they posted). */
     if (cs->world != NULL)
         group_free(cs->world);
+    /* The user's groups outlive the context: destroying one then only frees it. */
+    for (tern_group_t *g = cs->groups; g != NULL; g = g->next_live)
+        g->comm = NULL;
     tern__coll_free_spare(cs);
     free(cs);
     comm->coll_state = NULL;
@@ -125,6 +128,10 @@ tern_status_t tern_group_create(tern_ctx_t *ctx, const int *ranks, size_t n, ter
     pthread_mutex_unlock(&comm->lock);
     if ((*out = group_new(comm, cid, ranks, n)) == NULL)
         return TERN_ERR_NO_MEMORY;
+    tern__comm_lock(comm);
+    (*out)->next_live = cs->groups;
+    cs->groups = *out;
+    pthread_mutex_unlock(&comm->lock);
     return TERN_OK;
 }
 
@@ -132,6 +139,21 @@ void tern_group_destroy(tern_group_t *g)
 {
     if (g == NULL || g->is_world)
         return;
+    tern__comm_t *comm = g->comm;
+    if (comm != NULL) {
+        tern__comm_lock(comm);
+        coll_state_t *cs = comm->coll_state;
+        for (tern_group_t **pp = cs != NULL ? &cs->groups : NULL; pp != NULL && *pp != NULL;
+             pp = &(*pp)->next_live) {
+            if (*pp == g) {
+                *pp = g->next_live;
+                break;
+            }
+        }
+        pthread_mutex_unlock(&comm->lock);
+        /* A failed call may have left messages for it, or have more coming. */
+        tern__p2p_drop_cid(comm, g->cid);
+    }
     group_free(g);
 }
 

@@ -122,6 +122,10 @@ struct tern__comm {
     uint64_t *sent;           /* [world] the last number sent to each peer */
     uint64_t *arrived;        /* [world] the highest number from each peer */
     size_t unexpected_bytes;
+    /* Communicators destroyed (tern__p2p_drop_cid), sorted: what still comes
+     * for them (a failed collective's last messages) is dropped on arrival. */
+    uint32_t *dead_cids;
+    size_t ndead, dead_cap;
     tern_request_t *posted_head, *posted_tail;
     unexp_t *unexp_head, *unexp_tail;
     tern_request_t *rndv_sends; /* sends waiting for their FIN */
@@ -273,6 +277,11 @@ void tern__p2p_rtr_tick(tern__comm_t *comm, uint64_t now);
  * Returns false if it cannot be withdrawn (a receive whose data is being
  * read): it will complete by itself. */
 bool tern__p2p_cancel(tern__comm_t *comm, tern_request_t *req);
+/* A communicator is gone (a group destroyed; takes the lock): the messages
+ * queued for it and the offers kept for it are dropped, eager bytes credited
+ * back and rendezvous senders told (FIN, TERN_ERR_CANCELED), and so is what
+ * comes for it later. Only a failed call leaves any. */
+void tern__p2p_drop_cid(tern__comm_t *comm, uint32_t cid);
 /* Blocking forms, without a request where the message is eager; *seq gets
  * the message's number (for the profiler). */
 tern_status_t tern__p2p_send(tern__comm_t *comm, uint32_t cid, const void *buf, size_t len,

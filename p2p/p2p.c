@@ -252,6 +252,22 @@ static void consumed(tern__comm_t *comm, int src, size_t bytes)
     }
 }
 
+/* A communicator that is gone (tern__p2p_drop_cid): its id is on the list. */
+static bool cid_dead(const tern__comm_t *comm, uint32_t cid)
+{
+    size_t lo = 0, hi = comm->ndead;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (comm->dead_cids[mid] == cid)
+            return true;
+        if (comm->dead_cids[mid] < cid)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return false;
+}
+
 static bool matches(const tern_request_t *r, uint32_t cid, int src, int tag)
 {
     return r->cid == cid && (r->peer == TERN_ANY_SOURCE || r->peer == src) &&
@@ -621,6 +637,10 @@ static void on_eager(tern__comm_t *comm, const tern_event_t *ev, void *arg)
         deliver_eager(comm, req, src, tag, seq, shape, p + hdr, len);
         return;
     }
+    if (cid != 0 && cid_dead(comm, cid)) {
+        consumed(comm, src, len);
+        return;
+    }
     /* Credit bounds this; a peer that ignores it is refused rather than let
      * grow us without limit. */
     if (comm->unexpected_bytes + len > comm->credit_per_peer * comm->world) {
@@ -742,6 +762,10 @@ static void on_rndv(tern__comm_t *comm, const tern_event_t *ev, void *arg)
         return;
     }
     uint64_t seq = msg_seq(comm, src, ev->imm);
+    if (o.cid != 0 && cid_dead(comm, o.cid)) {
+        send_fin(comm, src, o.id, TERN_ERR_CANCELED);
+        return;
+    }
     unexp_t *u = calloc(1, sizeof(*u));
     if (u == NULL) {
         tern_error("p2p: no memory to take a rendezvous from rank %d", src);
@@ -864,6 +888,8 @@ static void on_offer(tern__comm_t *comm, int src, const offer_t *o)
                    o->window);
         comm->put_window[src] = (size_t)o->window;
     }
+    if (o->cid != 0 && cid_dead(comm, o->cid))
+        return;
     rtr_t *k = comm->nrtrs < RTRS_MAX ? malloc(sizeof(*k)) : NULL;
     if (k == NULL) {
         tern_warn("p2p: %s to keep rank %d's offer (tag %d); its send will offer its own buffer",
@@ -1202,6 +1228,73 @@ static void unlink_unexp(tern__comm_t *comm, unexp_t *u, unexp_t *prev)
         comm->unexp_tail = prev;
 }
 
+/* ---- communicators that are gone ---- */
+
+/* Let go of a message for a dead communicator (lock held): eager bytes are
+ * credited back to their sender, a rendezvous sender is told. */
+static void unexp_drop(tern__comm_t *comm, unexp_t *u)
+{
+    if (u->rndv)
+        send_fin(comm, u->src, u->sreq, TERN_ERR_CANCELED);
+    else
+        consumed(comm, u->src, u->len);
+    free(u->data);
+    free(u);
+}
+
+void tern__p2p_drop_cid(tern__comm_t *comm, uint32_t cid)
+{
+    size_t n = 0, bytes = 0;
+    tern__comm_lock(comm);
+    if (!cid_dead(comm, cid)) {
+        if (comm->ndead == comm->dead_cap) {
+            size_t cap = comm->dead_cap ? 2 * comm->dead_cap : 16;
+            uint32_t *d = realloc(comm->dead_cids, cap * sizeof(*d));
+            if (d != NULL) {
+                comm->dead_cids = d;
+                comm->dead_cap = cap;
+            }
+        }
+        /* Without room, later arrivals stay queued, as before this list. */
+        if (comm->ndead < comm->dead_cap) {
+            size_t i = comm->ndead;
+            for (; i > 0 && comm->dead_cids[i - 1] > cid; i--)
+                comm->dead_cids[i] = comm->dead_cids[i - 1];
+            comm->dead_cids[i] = cid;
+            comm->ndead++;
+        }
+    }
+    for (unexp_t *u = comm->unexp_head, *prev = NULL, *next; u != NULL; u = next) {
+        next = u->next;
+        if (u->cid != cid) {
+            prev = u;
+            continue;
+        }
+        unlink_unexp(comm, u, prev);
+        if (!u->rndv)
+            comm->unexpected_bytes -= u->len;
+        n++;
+        bytes += u->len;
+        unexp_drop(comm, u);
+    }
+    for (rtr_t **pp = &comm->rtrs; *pp != NULL;) {
+        rtr_t *k = *pp;
+        if (k->cid != cid) {
+            pp = &k->next;
+            continue;
+        }
+        *pp = k->next;
+        comm->nrtrs--;
+        n++;
+        free(k);
+    }
+    pthread_mutex_unlock(&comm->lock);
+    if (n > 0)
+        tern_debug("p2p: communicator %" PRIu32 " is gone: dropped %zu messages or offers for it "
+                   "(%zu bytes)",
+                   cid, n, bytes);
+}
+
 /* Post a receive (lock held) given the first matching unexpected message u
  * (NULL if none; prev before it, as find_unexp gives them): it takes u, or
  * waits in the posted list. */
@@ -1457,6 +1550,9 @@ void tern__p2p_fini(tern__comm_t *comm)
         r->mr = NULL;
         tern__req_complete(r, TERN_ERR_CANCELED);
     }
+    free(comm->dead_cids);
+    comm->dead_cids = NULL;
+    comm->ndead = comm->dead_cap = 0;
     free(comm->credits);
     free(comm->consumed);
     free(comm->sent);

@@ -65,7 +65,9 @@ TERN_API tern_status_t tern_group_create(tern_ctx_t *ctx, const int *ranks, size
                                          tern_group_t **out);
 
 /* Free a group made by tern_group_create(). Its operations must be complete.
- * NULL and the world group are ignored. */
+ * What a failed call left for it (messages that came after the failure) is
+ * dropped with it. NULL and the world group are ignored; a group may be
+ * destroyed after its context is finalized (calls on it then fail). */
 TERN_API void tern_group_destroy(tern_group_t *group);
 
 /* This rank's number in the group, or -1 if it is not a member. */
