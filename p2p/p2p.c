@@ -309,7 +309,6 @@ static void req_maybe_free(tern_request_t *req)
 
 /* ---- receiving ---- */
 
-/* Deliver an eager payload to a matched receive. */
 /* Copy an eager payload into buf[0..cap); credit it back; tell a truncated
  * sender. Returns TERN_OK or TERN_ERR_TRUNCATED. */
 static tern_status_t copy_eager(tern__comm_t *comm, void *buf, size_t cap, int src, int tag,
