@@ -141,15 +141,13 @@ void tern_group_destroy(tern_group_t *g)
         return;
     tern__comm_t *comm = g->comm;
     if (comm != NULL) {
+        /* Its context is alive, so the state that listed it at creation is. */
         tern__comm_lock(comm);
         coll_state_t *cs = comm->coll_state;
-        for (tern_group_t **pp = cs != NULL ? &cs->groups : NULL; pp != NULL && *pp != NULL;
-             pp = &(*pp)->next_live) {
-            if (*pp == g) {
-                *pp = g->next_live;
-                break;
-            }
-        }
+        tern_group_t **pp = &cs->groups;
+        while (*pp != g)
+            pp = &(*pp)->next_live;
+        *pp = g->next_live;
         pthread_mutex_unlock(&comm->lock);
         /* A failed call may have left messages for it, or have more coming. */
         tern__p2p_drop_cid(comm, g->cid);

@@ -337,6 +337,14 @@ static bool shapes_differ(uint32_t a, uint32_t b)
     return a != 0 && b != 0 && a != b;
 }
 
+/* The error of a message whose ends' signatures differ; dir: "send" or
+ * "recv", peer: the other end. */
+static tern_status_t shape_mismatch(const char *dir, int peer, int tag)
+{
+    return tern__error(TERN_ERR_MISMATCH, "%s: rank %d's call differs from ours (tag %d)", dir,
+                       peer, tag);
+}
+
 /* An eager message of another call (its signature differs) is credited back
  * and dropped; the receive fails, and the collective's ABORT tells the
  * sender, whose send completed as it was posted. */
@@ -347,9 +355,7 @@ static void deliver_eager(tern__comm_t *comm, tern_request_t *req, int src, int 
     req->seq = seq;
     if (shapes_differ(req->shape, shape)) {
         consumed(comm, src, len);
-        tern__req_complete(req, tern__error(TERN_ERR_MISMATCH,
-                                            "recv: rank %d's call differs from ours (tag %d)", src,
-                                            tag));
+        tern__req_complete(req, shape_mismatch("recv", src, tag));
         return;
     }
     tern__req_complete(req, copy_eager(comm, req->buf, req->len, src, tag, data, len));
@@ -479,8 +485,7 @@ static void start_get(tern__comm_t *comm, tern_request_t *req, const unexp_t *u)
     req->seq = u->seq;
     req->id = u->sreq;
     if (shapes_differ(req->shape, u->shape)) {
-        st = tern__error(TERN_ERR_MISMATCH, "recv: rank %d's call differs from ours (tag %d)", src,
-                         u->tag);
+        st = shape_mismatch("recv", src, u->tag);
         goto fail;
     }
     if ((st = tern__comm_ep(comm, src, &ep)) != TERN_OK)
@@ -839,8 +844,7 @@ static void start_put(tern__comm_t *comm, tern_request_t *req, const rtr_t *e)
     tern_ep_t *ep;
     tern_status_t st;
     if (shapes_differ(req->shape, e->shape)) {
-        st = tern__error(TERN_ERR_MISMATCH, "send: rank %d's call differs from ours (tag %d)",
-                         dst, req->tag);
+        st = shape_mismatch("send", dst, req->tag);
         goto fail;
     }
     if (req->len > e->cap) {
@@ -911,19 +915,23 @@ static void on_offer(tern__comm_t *comm, int src, const offer_t *o)
     comm->nrtrs++;
 }
 
-/* Drop the kept offers from src (-1: all). */
-static void rtrs_drop(tern__comm_t *comm, int src)
+/* Drop the kept offers from src (-1: all) for communicator cid (0: any; user
+ * p2p makes no offers). Returns how many. */
+static size_t rtrs_drop(tern__comm_t *comm, int src, uint32_t cid)
 {
+    size_t n = 0;
     for (rtr_t **pp = &comm->rtrs; *pp != NULL;) {
         rtr_t *k = *pp;
-        if (src >= 0 && k->src != src) {
+        if ((src >= 0 && k->src != src) || (cid != 0 && k->cid != cid)) {
             pp = &k->next;
             continue;
         }
         *pp = k->next;
         comm->nrtrs--;
+        n++;
         free(k);
     }
+    return n;
 }
 
 /* The kept offer from src for (cid, tag), or with by_id the one under the
@@ -1276,17 +1284,7 @@ void tern__p2p_drop_cid(tern__comm_t *comm, uint32_t cid)
         bytes += u->len;
         unexp_drop(comm, u);
     }
-    for (rtr_t **pp = &comm->rtrs; *pp != NULL;) {
-        rtr_t *k = *pp;
-        if (k->cid != cid) {
-            pp = &k->next;
-            continue;
-        }
-        *pp = k->next;
-        comm->nrtrs--;
-        n++;
-        free(k);
-    }
+    n += rtrs_drop(comm, -1, cid);
     pthread_mutex_unlock(&comm->lock);
     if (n > 0)
         tern_debug("p2p: communicator %" PRIu32 " is gone: dropped %zu messages or offers for it "
@@ -1462,7 +1460,7 @@ void tern__p2p_peer_lost(tern__comm_t *comm, int peer, tern_status_t why)
      * move; its kept offers are void. */
     waits_fail(&comm->rtr_waits, NULL, peer, why);
     waits_fail(&comm->rtr_ready, &comm->rtr_ready_tail, peer, why);
-    rtrs_drop(comm, peer);
+    rtrs_drop(comm, peer, 0);
     /* Reads from it waiting for the window will never run. */
     waits_fail(&comm->get_waits, &comm->get_waits_tail, peer, why);
     /* Rendezvous sends to it will never see their FIN. */
@@ -1541,7 +1539,7 @@ void tern__p2p_fini(tern__comm_t *comm)
     comm->put_bytes = NULL;
     free(comm->put_window);
     comm->put_window = NULL;
-    rtrs_drop(comm, -1);
+    rtrs_drop(comm, -1, 0);
     while (comm->rndv_sends != NULL) {
         tern_request_t *r = comm->rndv_sends;
         comm->rndv_sends = r->next;
