@@ -34,9 +34,10 @@ export UCX_NET_DEVICES=${UCX_NET_DEVICES:-lo}
 
 have_ucx_provider() { TERN_TRANSPORT=ucx "$RUN" -n 2 "$PERF" lat --sizes 8 --iters 10 >/dev/null 2>&1; }
 
-# tern-perf over a transport; prints one number (avg lat us, or GB/s).
-tern_lat() { env "${@:2}" "$RUN" -n 2 "$PERF" lat --transport "$1" --sizes 8 --iters "${ITERS:-$LAT_ITERS}" --format csv | awk -F, 'NR == 2 { print $8 }'; }
-tern_bw() { env "${@:2}" "$RUN" -n 2 "$PERF" bw --transport "$1" --sizes "$BW_SIZE" --iters "$BW_ITERS" --window "$WINDOW" --format csv | awk -F, 'NR == 2 { print $10 }'; }
+# tern-perf over a transport; prints one number (avg lat us, or GB/s). Its
+# own steal line (stderr) is left out: the rows carry each side's.
+tern_lat() { env "${@:2}" "$RUN" -n 2 "$PERF" lat --transport "$1" --sizes 8 --iters "${ITERS:-$LAT_ITERS}" --format csv 2> >(grep -v ' host steal: ' >&2) | awk -F, 'NR == 2 { print $8 }'; }
+tern_bw() { env "${@:2}" "$RUN" -n 2 "$PERF" bw --transport "$1" --sizes "$BW_SIZE" --iters "$BW_ITERS" --window "$WINDOW" --format csv 2> >(grep -v ' host steal: ' >&2) | awk -F, 'NR == 2 { print $10 }'; }
 
 # ucx_perftest: server in the background, client prints "Final" numbers (-f).
 ucx_run() { # TLS TEST SIZE ITERS FIELD
@@ -58,29 +59,59 @@ mpi() { local mode=$1 size=$2 iters=$3; shift 3; local extra=() window=""
         while [ $# -gt 0 ]; do case $1 in --mca) extra+=("$1" "$2" "$3"); shift 3 ;; *) window=$1; shift ;; esac; done
         timeout 120 mpirun "${root[@]}" -np 2 "${extra[@]}" "$MPI" "$mode" "$size" "$iters" $window 2>/dev/null; }
 
-# One row: tern and its peer measured alternately REPEAT times, medians compared.
+# Steal: the CPU time the hypervisor gave to someone else while this VM
+# wanted it (/proc/stat), the largest error on a shared VM and invisible
+# otherwise. cpu_now prints "steal total" in ticks (nothing where the kernel
+# does not count steal); steal_pct the % of CPU time stolen between two.
+cpu_now() { awk '$1 == "cpu" { t = 0; for (i = 2; i <= 9; i++) t += $i; if (NF >= 9) print $9, t; exit }' /proc/stat 2>/dev/null || true; }
+steal_pct() { awk -v a="$1" -v b="$2" 'BEGIN { if (split(a, x, " ") < 2 || split(b, y, " ") < 2 || y[2] <= x[2]) exit
+    printf "%.0f\n", 100 * (y[1] - x[1]) / (y[2] - x[2]) }'; }
+STEAL_WARN=5 # %, as tern-perf's TERN_BENCH_STEAL_WARN_PCT
+run_start=$(cpu_now)
+whole_steal() {
+    local s
+    s=$(steal_pct "$run_start" "$(cpu_now)")
+    if [ -z "$s" ]; then
+        echo "# host steal: not counted by this kernel"
+    elif [ "$s" -ge "$STEAL_WARN" ]; then
+        echo "# host steal over the whole comparison: $s% of the CPU time: these ratios measure the host as much as tern"
+    else
+        echo "# host steal over the whole comparison: $s% of the CPU time"
+    fi
+}
+
+# One row: tern and its peer measured alternately REPEAT times, medians compared,
+# with the median steal of each side's runs.
 pair() { # metric lower_is_better peer_name tern_cmd... -- peer_cmd...
     local metric=$1 low=$2 name=$3; shift 3
-    local tcmd=() pcmd=() t=() p=()
+    local tcmd=() pcmd=() t=() p=() ts=() ps=() a
     while [ "$1" != "--" ]; do tcmd+=("$1"); shift; done; shift; pcmd=("$@")
-    for _ in $(seq "$REPEAT"); do t+=("$("${tcmd[@]}")"); p+=("$("${pcmd[@]}")"); done
-    row "$metric" "$(median "${t[@]}")" "$name" "$(median "${p[@]}")" "$low"
+    for _ in $(seq "$REPEAT"); do
+        a=$(cpu_now); t+=("$("${tcmd[@]}")"); ts+=("$(steal_pct "$a" "$(cpu_now)")")
+        a=$(cpu_now); p+=("$("${pcmd[@]}")"); ps+=("$(steal_pct "$a" "$(cpu_now)")")
+    done
+    row "$metric" "$(median "${t[@]}")" "$name" "$(median "${p[@]}")" "$low" "$(median "${ts[@]}")" "$(median "${ps[@]}")"
 }
 median() { printf '%s\n' "$@" | grep -E '^[0-9.]+$' | sort -g | awk '{ v[NR] = $1 } END { print NR ? v[int((NR + 1) / 2)] : "" }'; }
 
-row() { # metric tern peer_name peer lower_is_better
-    awk -v m="$1" -v t="$2" -v n="$3" -v p="$4" -v low="$5" 'BEGIN {
+row() { # metric tern peer_name peer lower_is_better [tern_steal peer_steal]
+    awk -v m="$1" -v t="$2" -v n="$3" -v p="$4" -v low="$5" -v ts="${6:-}" -v ps="${7:-}" -v w="$STEAL_WARN" 'BEGIN {
         r = (p > 0 && t > 0) ? t / p : 0
         verdict = (r == 0) ? "n/a" : (low ? (r <= 1 ? "tern ahead" : "peer ahead") : (r >= 1 ? "tern ahead" : "peer ahead"))
-        printf "%-34s %10s  %-30s %10s  %6.2f  %s\n", m, t, n, p, r, verdict }'
+        st = (ts == "" && ps == "") ? "-" : (ts == "" ? "?" : ts) "/" (ps == "" ? "?" : ps)
+        if (ts + 0 >= w || ps + 0 >= w) verdict = verdict ", host steal"
+        printf "%-34s %10s  %-30s %10s  %6.2f  %-7s  %s\n", m, t, n, p, r, st, verdict }'
 }
+head_row() { printf "%-34s %10s  %-30s %10s  %6s  %-7s  %s\n" metric tern peer peer ratio steal% verdict; }
 
 echo "# tern vs peers on $(uname -n), $(nproc) cores, $(date -u +%Y-%m-%dT%H:%MZ)"
-echo "# each figure is the median of $REPEAT runs, tern and peer alternating"
+echo "# each figure is the median of $REPEAT runs, tern and peer alternating; steal%: the"
+echo "# median share of CPU time the hypervisor took during tern's / the peer's runs"
+echo "# (/proc/stat); at ${STEAL_WARN}% or more the verdict says so: the ratio then measures the host too"
 
 if [ "$SECTION" != coll ]; then
 echo "# latency: one-way average us (lower is better); bandwidth: GB/s at $BW_SIZE bytes (higher is better)"
-printf "%-34s %10s  %-30s %10s  %6s  %s\n" metric tern peer peer ratio verdict
+head_row
 
 tcp_lat() { "$TCP" lat 8 "$LAT_ITERS" | awk -F, '{ print $3 }'; }
 tcp_bw() { "$TCP" bw "$BW_SIZE" "$BW_ITERS" "$WINDOW" | awk -F, '{ print $3 }'; }
@@ -105,7 +136,7 @@ fi
 fi # SECTION p2p
 
 
-[ "$SECTION" = p2p ] && exit 0
+if [ "$SECTION" = p2p ]; then whole_steal; exit 0; fi
 
 # ---- collectives ----
 # nccl-tests' method and columns (docs/perf.md): busbw in GB/s (higher is
@@ -136,7 +167,7 @@ ar_extra=()
 tern_coll() { # transport ranks test sizes [VAR=value...]
     local extra=()
     [ "$3" = allreduce ] && extra=("${ar_extra[@]}")
-    env "${@:5}" timeout 300 "$RUN" -n "$2" --no-prefix "$PERF" "$3" --transport "$1" --sizes "$4" "${extra[@]}" --format csv ||
+    env "${@:5}" timeout 300 "$RUN" -n "$2" --no-prefix "$PERF" "$3" --transport "$1" --sizes "$4" "${extra[@]}" --format csv 2> >(grep -v ' host steal: ' >&2) ||
         echo "# tern-perf $3 over $1 with $2 ranks failed" >&2; }
 mpi_coll() { # ranks test sizes [mpirun options...]
     local extra=()
@@ -154,20 +185,33 @@ coll_median() { # column size files...
 echo "# collectives: busbw GB/s (higher is better), latency = avg us of one call (lower is better)"
 echo "# tcp: tern's tcp provider vs Open MPI --mca btl tcp,self; sm: tern's ucx provider with UCX_TLS=sm vs Open MPI's default (shared memory)"
 [ ${#ar_extra[@]} -gt 0 ] && echo "# all_reduce in place on both sides (COLL_INPLACE=1)"
-printf "%-34s %10s  %-30s %10s  %6s  %s\n" metric tern peer peer ratio verdict
+head_row
 # Every run's CSV stays in OUT_DIR/coll_runs (SERIES-RANKS-REPEAT), to look
 # into a median that surprises.
-cdir=$OUT_DIR/coll_runs
+# Each run's steal goes to OUT_DIR/coll_steal ("SERIES-RANKS-REPEAT PCT").
+cdir=$OUT_DIR/coll_runs steals=$OUT_DIR/coll_steal
 rm -rf "$cdir"
 mkdir -p "$cdir"
+: >"$steals"
+into() { # file command...: the command's output into file, its steal into $steals
+    local f=$1 a; shift
+    a=$(cpu_now)
+    "$@" >"$f"
+    echo "${f##*/} $(steal_pct "$a" "$(cpu_now)")" >>"$steals"
+}
 for rep in $(seq "$REPEAT"); do
     for n in $COLL_RANKS; do
-        tern_coll tcp "$n" allreduce "$COLL_SIZES" >"$cdir/tern-tcp-$n-$rep"
-        [ $have_mpic = 1 ] && mpi_coll "$n" allreduce "$COLL_SIZES" "${MPI_TCP[@]}" >"$cdir/mpi-tcp-$n-$rep"
-        [ $have_sm = 1 ] && tern_coll ucx "$n" allreduce "$COLL_SIZES" UCX_TLS=sm >"$cdir/tern-sm-$n-$rep"
-        [ $have_mpic = 1 ] && mpi_coll "$n" allreduce "$COLL_SIZES" >"$cdir/mpi-sm-$n-$rep"
+        into "$cdir/tern-tcp-$n-$rep" tern_coll tcp "$n" allreduce "$COLL_SIZES"
+        [ $have_mpic = 1 ] && into "$cdir/mpi-tcp-$n-$rep" mpi_coll "$n" allreduce "$COLL_SIZES" "${MPI_TCP[@]}"
+        [ $have_sm = 1 ] && into "$cdir/tern-sm-$n-$rep" tern_coll ucx "$n" allreduce "$COLL_SIZES" UCX_TLS=sm
+        [ $have_mpic = 1 ] && into "$cdir/mpi-sm-$n-$rep" mpi_coll "$n" allreduce "$COLL_SIZES"
     done
 done
+# The median steal of one series' runs.
+steal_of() { # series ranks
+    # shellcheck disable=SC2046 # one argument per value
+    median $(awk -v s="$1-$2-" 'index($1, s) == 1 { print $2 }' "$steals")
+}
 MIB=1048576
 for tr in tcp sm; do
     [ $tr = sm ] && [ $have_sm = 0 ] && { echo "# the ucx provider is not built into this tern: its sm rows are skipped"; continue; }
@@ -175,10 +219,11 @@ for tr in tcp sm; do
     for n in $COLL_RANKS; do
         t=("$cdir/tern-$tr-$n-"*) p=("$cdir/mpi-$tr-$n-"*)
         [ $have_mpic = 1 ] || p=(/dev/null)
-        row "allreduce lat 8 B, $n ranks, $tr" "$(coll_median 8 8 "${t[@]}")" "$peer" "$(coll_median 8 8 "${p[@]}")" 1
+        tst=$(steal_of "tern-$tr" "$n") pst=$(steal_of "mpi-$tr" "$n")
+        row "allreduce lat 8 B, $n ranks, $tr" "$(coll_median 8 8 "${t[@]}")" "$peer" "$(coll_median 8 8 "${p[@]}")" 1 "$tst" "$pst"
         for mib in 1 4 16 64; do
             sz=$((mib * MIB))
-            row "allreduce busbw ${mib}M, $n ranks, $tr" "$(coll_median 11 $sz "${t[@]}")" "$peer" "$(coll_median 11 $sz "${p[@]}")" 0
+            row "allreduce busbw ${mib}M, $n ranks, $tr" "$(coll_median 11 $sz "${t[@]}")" "$peer" "$(coll_median 11 $sz "${p[@]}")" 0 "$tst" "$pst"
         done
     done
 done
@@ -207,3 +252,4 @@ curves=$OUT_DIR/coll_curves.csv
     done
 } >"$curves"
 echo "# curves: $curves (plot: perf/plot_coll.sh $curves docs/img/allreduce_busbw.png)"
+whole_steal

@@ -18,6 +18,7 @@
 #include "perf/bench_coll.h"
 #include "perf/bench_prof.h"
 #include "perf/bench_rpc.h"
+#include "perf/host.h"
 #include "tensor/reduce.h"
 
 enum format { FMT_TABLE, FMT_CSV, FMT_JSON };
@@ -120,11 +121,31 @@ static void cell(double v, int applies)
 #define HAS_BW 2u
 #define HAS_RATE 4u
 
+/* The end of a row: the host's steal while it ran (perf/host.h) where the
+ * format has room for it (JSON: always, null when unknown; the table: a
+ * comment when it passes TERN_BENCH_STEAL_WARN_PCT; the CSV's columns are
+ * fixed, so the run's figure goes to stderr instead, at the end). */
+static void row_end(enum format fmt, double steal)
+{
+    if (fmt == FMT_CSV) {
+        putchar('\n');
+    } else if (fmt == FMT_JSON) {
+        if (steal >= 0)
+            printf(",\"host_steal_pct\":%.1f}", steal);
+        else
+            printf(",\"host_steal_pct\":null}");
+    } else {
+        if (steal >= TERN_BENCH_STEAL_WARN_PCT)
+            printf("   # host steal %.0f%%", steal);
+        putchar('\n');
+    }
+}
+
 /* One point-to-point or rpc row. named: the row says its test (a JSON key, the
  * table's first column), as rpc prints two kinds of rows under one test. */
 static void print_p2p(enum format fmt, const char *test, const char *prov, const char *mem,
                       unsigned world, const tern_bench_result_t *r, unsigned has, int named,
-                      unsigned i)
+                      unsigned i, double steal)
 {
     if (fmt == FMT_CSV) {
         printf("%s,%s,%s,%u,%zu,%u,", test, prov, mem, world, r->size, r->iters);
@@ -135,7 +156,6 @@ static void print_p2p(enum format fmt, const char *test, const char *prov, const
         putchar(','); /* busbw: collectives only */
         if (has & HAS_RATE)
             printf("%.0f", r->msg_rate);
-        putchar('\n');
     } else if (fmt == FMT_JSON) {
         printf("%s{", i ? "," : "");
         if (named)
@@ -148,7 +168,6 @@ static void print_p2p(enum format fmt, const char *test, const char *prov, const
             printf(",\"bw_GBps\":%.3f", r->bw_GBps);
         if (has & HAS_RATE)
             printf(",\"msg_rate\":%.0f", r->msg_rate);
-        printf("}");
     } else {
         char p50[32] = "", avg[32] = "", p99[32] = "", bw[32] = "", rate[32] = "";
         if (has & HAS_LAT) {
@@ -162,34 +181,67 @@ static void print_p2p(enum format fmt, const char *test, const char *prov, const
             snprintf(rate, sizeof(rate), "%.0f", r->msg_rate);
         if (named)
             printf("%-9s ", test);
-        printf("%12zu %8u %10s %10s %10s %12s %14s\n", r->size, r->iters, p50, avg, p99, bw, rate);
+        printf("%12zu %8u %10s %10s %10s %12s %14s", r->size, r->iters, p50, avg, p99, bw, rate);
     }
+    row_end(fmt, steal);
 }
 
 /* One collective row; has_bw is 0 for barrier, which moves no payload. */
 static void print_coll(enum format fmt, const char *test, const char *prov, const char *mem,
-                       unsigned world, const tern_bench_result_t *r, int has_bw, unsigned i)
+                       unsigned world, const tern_bench_result_t *r, int has_bw, unsigned i,
+                       double steal)
 {
     if (fmt == FMT_CSV) {
         printf("%s,%s,%s,%u,%zu,%u,%.3f,%.3f,%.3f,", test, prov, mem, world, r->size, r->iters,
                r->lat_us_p50, r->lat_us_avg, r->lat_us_p99);
         cell(r->bw_GBps, has_bw), putchar(',');
-        cell(r->busbw_GBps, has_bw), putchar(',');
-        putchar('\n'); /* msg_rate: point to point only */
+        cell(r->busbw_GBps, has_bw), putchar(','); /* msg_rate: point to point only */
     } else if (fmt == FMT_JSON) {
         printf("%s{\"size\":%zu,\"iters\":%u,\"lat_us_p50\":%.3f,\"lat_us_avg\":%.3f,"
                "\"lat_us_p99\":%.3f",
                i ? "," : "", r->size, r->iters, r->lat_us_p50, r->lat_us_avg, r->lat_us_p99);
         if (has_bw)
             printf(",\"bw_GBps\":%.3f,\"busbw_GBps\":%.3f", r->bw_GBps, r->busbw_GBps);
-        printf("}");
     } else if (has_bw) {
-        printf("%12zu %8u %10.2f %10.2f %10.2f %12.3f %12.3f\n", r->size, r->iters, r->lat_us_p50,
+        printf("%12zu %8u %10.2f %10.2f %10.2f %12.3f %12.3f", r->size, r->iters, r->lat_us_p50,
                r->lat_us_avg, r->lat_us_p99, r->bw_GBps, r->busbw_GBps);
     } else {
-        printf("%12zu %8u %10.2f %10.2f %10.2f %12s %12s\n", r->size, r->iters, r->lat_us_p50,
+        printf("%12zu %8u %10.2f %10.2f %10.2f %12s %12s", r->size, r->iters, r->lat_us_p50,
                r->lat_us_avg, r->lat_us_p99, "", "");
     }
+    row_end(fmt, steal);
+}
+
+/* The most any rank's host stole (ranks under srun or mpirun sit on several
+ * hosts), -1 when none could tell. Every rank calls it: an 8-byte all_reduce
+ * between rows, outside every timed loop. */
+static double steal_max(tern_ctx_t *ctx, double mine)
+{
+    double all;
+    if (tern_all_reduce(tern_group_world(ctx), &mine, &all, 1, TERN_DTYPE_F64, TERN_MAX, NULL) !=
+        TERN_OK)
+        return mine;
+    return all;
+}
+
+/* The run's steal, after its rows: a line for the table, stderr for the CSV
+ * (whose stdout scripts parse), a key closing the JSON object. */
+static void print_run_steal(enum format fmt, double steal)
+{
+    if (fmt == FMT_JSON) {
+        if (steal >= 0)
+            printf("],\"host_steal_pct\":%.1f}\n", steal);
+        else
+            printf("],\"host_steal_pct\":null}\n");
+        return;
+    }
+    if (steal < TERN_BENCH_STEAL_WARN_PCT)
+        return;
+    fprintf(fmt == FMT_TABLE ? stdout : stderr,
+            "# host steal: the hypervisor took %.0f%% of this machine's CPU time while the rows "
+            "ran (/proc/stat, the most of any rank's host): these figures measure the host as "
+            "much as tern\n",
+            steal);
 }
 
 /* A decimal count in [lo, hi]. */
@@ -734,29 +786,38 @@ int main(int argc, char **argv)
         }
         fflush(stdout);
     }
+    tern_bench_cpu_t run0, run1;
+    tern_bench_cpu_read(&run0);
     if (is_rpc) {
         /* Rank 0 calls, the others serve until it is done; every rank then
          * shuts RPC down, failed or not. */
+        /* Only rank 0 loops here, so the steal is its host's. */
         int failed = 0;
         unsigned row = 0;
         tern_bench_result_t r;
+        tern_bench_cpu_t c0, c1;
         for (unsigned i = 0; rank == 0 && i < nsizes && !failed; i++) {
+            tern_bench_cpu_read(&c0);
             if (tern_bench_rpc_lat(ctx, &opts, sizes[i], &r) != TERN_OK) {
                 fprintf(stderr, "tern-perf: rpc_lat at %zu bytes: %s\n", sizes[i],
                         tern_last_error());
                 failed = 1;
                 break;
             }
+            tern_bench_cpu_read(&c1);
             print_p2p(fmt, "rpc_lat", prov, mem, world, &r, HAS_LAT | (r.size ? HAS_BW : 0), 1,
-                      row++);
+                      row++, tern_bench_steal_pct(&c0, &c1));
             fflush(stdout);
         }
         if (rank == 0 && !failed) {
+            tern_bench_cpu_read(&c0);
             if (tern_bench_rpc_rate(ctx, &opts, &r) != TERN_OK) {
                 fprintf(stderr, "tern-perf: rpc_rate: %s\n", tern_last_error());
                 failed = 1;
             } else {
-                print_p2p(fmt, "rpc_rate", prov, mem, world, &r, HAS_RATE, 1, row++);
+                tern_bench_cpu_read(&c1);
+                print_p2p(fmt, "rpc_rate", prov, mem, world, &r, HAS_RATE, 1, row++,
+                          tern_bench_steal_pct(&c0, &c1));
                 fflush(stdout);
             }
         }
@@ -770,8 +831,11 @@ int main(int argc, char **argv)
     }
     for (unsigned i = 0; i < nsizes; i++) {
         tern_bench_result_t r;
+        tern_bench_cpu_t c0, c1;
+        tern_bench_cpu_read(&c0);
         tern_status_t st = is_coll ? tern_bench_coll_run(ctx, &opts, sizes[i], &r)
                                    : tern_bench_run(ctx, &opts, sizes[i], &r);
+        tern_bench_cpu_read(&c1);
         if (st != TERN_OK) {
             fprintf(stderr, "tern-perf: rank %u: %s at %zu bytes: %s\n", rank, test, sizes[i],
                     tern_last_error());
@@ -786,18 +850,23 @@ int main(int argc, char **argv)
                         r.check_failures, world);
             goto out;
         }
+        double steal = steal_max(ctx, tern_bench_steal_pct(&c0, &c1));
         if (rank != 0)
             continue;
-        if (is_coll) {
-            print_coll(fmt, test, prov, mem, world, &r, opts.test != TERN_BENCH_BARRIER, i);
-            continue;
-        }
-        print_p2p(fmt, test, prov, mem, world, &r,
-                  opts.test == TERN_BENCH_LAT ? HAS_LAT : HAS_BW | HAS_RATE, 0, i);
+        if (is_coll)
+            print_coll(fmt, test, prov, mem, world, &r, opts.test != TERN_BENCH_BARRIER, i, steal);
+        else
+            print_p2p(fmt, test, prov, mem, world, &r,
+                      opts.test == TERN_BENCH_LAT ? HAS_LAT : HAS_BW | HAS_RATE, 0, i, steal);
         fflush(stdout);
     }
-    if (rank == 0 && fmt == FMT_JSON)
-        printf("]}\n");
+    tern_bench_cpu_read(&run1);
+    /* rpc printed its rows above (nsizes is 0 by now); its steal is rank 0's. */
+    double run_steal = tern_bench_steal_pct(&run0, &run1);
+    if (!is_rpc)
+        run_steal = steal_max(ctx, run_steal);
+    if (rank == 0)
+        print_run_steal(fmt, run_steal);
     if (rank == 0 && fmt == FMT_TABLE && opts.check)
         printf("# --check: every rank's results matched the reference at every size\n");
     if (want_rss) {

@@ -27,9 +27,12 @@ for t in lat bw bibw rate; do
         END { exit bad }' || fail "$t: malformed CSV"
 done
 
-# JSON and the table mention what they measured.
-json=$("$RUN" -n 2 --no-prefix "$PERF" lat --sizes 8 --iters 5 --format json)
-[[ $json == '{"test":"lat","transport":"'*'"results":[{"size":8,"iters":5,"lat_us_p50":'*']}' ]] || fail "json: $json"
+# JSON and the table mention what they measured. Each JSON row and the run
+# say how much CPU time the hypervisor took (null when no clock tick passed).
+json=$("$RUN" -n 2 --no-prefix "$PERF" lat --sizes 8,16 --iters 5 --format json)
+steal='("host_steal_pct":([0-9]+\.[0-9]|null))'
+[[ $json =~ ^\{\"test\":\"lat\",\"transport\":\".*\"results\":\[\{\"size\":8,\"iters\":5,\"lat_us_p50\":[^}]*,$steal\},\{\"size\":16,[^}]*,$steal\}\],$steal\}$ ]] ||
+    fail "json: $json"
 table=$("$RUN" -n 2 --no-prefix "$PERF" bw --sizes 64k --iters 3 --window 2)
 grep -q "^# tern-perf bw: transport tcp on " <<<"$table" || fail "table header: $table"
 
@@ -62,7 +65,7 @@ out=$("$RUN" -n 3 --no-prefix "$PERF" rpc --iters 3 --window 2 --format csv) || 
 printf '%s\n' "$out" | tail -n +2 | awk -F, '$4 != 3 { bad = 1 } END { exit bad || NR != 2 }' ||
     fail "rpc at 3 ranks: expected a row of size 8 and a rate row: $out"
 json=$("$RUN" -n 2 --no-prefix "$PERF" rpc --iters 3 --window 2 --format json)
-[[ $json == '{"test":"rpc","transport":"'*'"window":2,"results":[{"test":"rpc_lat","size":8,"iters":3,"lat_us_p50":'*'"bw_GBps":'*'},{"test":"rpc_rate","size":0,"iters":3,"msg_rate":'*'}]}' ]] || fail "rpc json: $json"
+[[ $json == '{"test":"rpc","transport":"'*'"window":2,"results":[{"test":"rpc_lat","size":8,"iters":3,"lat_us_p50":'*'"bw_GBps":'*'},{"test":"rpc_rate","size":0,"iters":3,"msg_rate":'*',"host_steal_pct":'*'}],"host_steal_pct":'*'}' ]] || fail "rpc json: $json"
 table=$("$RUN" -n 2 --no-prefix "$PERF" rpc --iters 3 --window 2)
 grep -q "^# tern-perf rpc: transport tcp on .*, 2 ranks, window 2" <<<"$table" || fail "rpc table header: $table"
 grep -q "^rpc_rate " <<<"$table" || fail "rpc table rows: $table"
@@ -124,7 +127,7 @@ done
 
 # The table and JSON say what a collective measured.
 json=$("$RUN" -n 2 --no-prefix "$PERF" allreduce --sizes 8 --iters 3 --format json --dtype bf16 --op max)
-[[ $json == '{"test":"allreduce","transport":"'*'"ranks":2,"dtype":"bf16","op":"max","results":[{"size":8,"iters":3,"lat_us_p50":'*'"busbw_GBps":'*'}]}' ]] || fail "collective json: $json"
+[[ $json == '{"test":"allreduce","transport":"'*'"ranks":2,"dtype":"bf16","op":"max","results":[{"size":8,"iters":3,"lat_us_p50":'*'"busbw_GBps":'*',"host_steal_pct":'*'}],"host_steal_pct":'*'}' ]] || fail "collective json: $json"
 table=$("$RUN" -n 2 --no-prefix "$PERF" allreduce --sizes 64k --iters 3 --inplace)
 grep -q "^# tern-perf allreduce: transport tcp on .*, 2 ranks, f32 sum, in place$" <<<"$table" ||
     fail "in-place table header: $table"
