@@ -114,13 +114,54 @@ pair() { # metric lower_is_better peer_name tern_cmd... -- peer_cmd...
 }
 median() { printf '%s\n' "$@" | grep -E '^[0-9.]+$' | sort -g | awk '{ v[NR] = $1 } END { print NR ? v[int((NR + 1) / 2)] : "" }'; }
 
+# Every row is also kept in rows_file (metric, peer, ratio, each side's
+# steal, tab-separated) for the goals at the end.
+rows_file=$(mktemp)
+trap 'rm -f "$rows_file"' EXIT
 row() { # metric tern peer_name peer lower_is_better [tern_steal peer_steal]
-    awk -v m="$1" -v t="$2" -v n="$3" -v p="$4" -v low="$5" -v ts="${6:-}" -v ps="${7:-}" -v w="$STEAL_WARN" 'BEGIN {
+    awk -v m="$1" -v t="$2" -v n="$3" -v p="$4" -v low="$5" -v ts="${6:-}" -v ps="${7:-}" -v w="$STEAL_WARN" -v f="$rows_file" 'BEGIN {
         r = (p > 0 && t > 0) ? t / p : 0
         verdict = (r == 0) ? "n/a" : (low ? (r <= 1 ? "tern ahead" : "peer ahead") : (r >= 1 ? "tern ahead" : "peer ahead"))
         st = (ts == "" && ps == "") ? "-" : (ts == "" ? "?" : ts) "/" (ps == "" ? "?" : ps)
         if (ts + 0 >= w || ps + 0 >= w) verdict = verdict ", host steal"
-        printf "%-34s %10s  %-30s %10s  %6.2f  %-7s  %s\n", m, t, n, p, r, st, verdict }'
+        printf "%-34s %10s  %-30s %10s  %6.2f  %-7s  %s\n", m, t, n, p, r, st, verdict
+        printf "%s\t%s\t%.4f\t%s\t%s\n", m, n, r, ts, ps >> f }'
+}
+
+# The speed goals of issues 3 and 4 (docs/perf.md), judged on this run's
+# rows: each goal's ratio against what it needs. A goal whose rows are not
+# in this run (SECTION, COLL_RANKS, a peer not installed) is left out; one
+# judged on runs that lost STEAL_WARN % or more to steal says so.
+goals() {
+    echo "# speed goals (issues 3 and 4, docs/perf.md): tern/peer against what each needs"
+    awk -F'\t' -v w="$STEAL_WARN" -v bw="$BW_SIZE" '
+    function goal(name, metric, peer, op, need,   k, r, v) {
+        k = metric SUBSEP peer
+        if (!(k in ratio)) return
+        r = ratio[k]
+        if (r == 0) v = "n/a (not measured)"
+        else v = (op == "<=" ? r <= need : op == "<" ? r < need : r >= need) ? "met" : "NOT MET"
+        if (r != 0 && (ts[k] + 0 >= w || ps[k] + 0 >= w)) v = v ", host steal " ts[k] "/" ps[k] " %"
+        printf "%-60s %6.2f  %-2s %-4s  %s\n", name, r, op, need, v
+    }
+    { ratio[$1 SUBSEP $2] = $3; ts[$1 SUBSEP $2] = $4; ps[$1 SUBSEP $2] = $5 }
+    END {
+        goal("3: tcp 8 B latency, vs a blocking C TCP ping-pong", "8 B latency, tcp provider", "plain C TCP ping-pong", "<", 1)
+        goal("3: tcp 8 B latency, vs ucx_perftest tag_lat (tcp)", "8 B latency, tcp provider", "ucx_perftest tag_lat UCX_TLS=tcp", "<=", 1)
+        if (bw == 4194304) # the goals name 4 MiB
+            goal("3: tcp 4 MiB bandwidth, vs ucx_perftest tag_bw (tcp)", "bandwidth, tcp provider", "ucx_perftest tag_bw UCX_TLS=tcp", ">=", 1)
+        goal("3: ucx sm 8 B latency, vs ucx_perftest tag_lat (sm)", "8 B latency, ucx provider, sm", "ucx_perftest tag_lat UCX_TLS=sm", "<=", 1.3)
+        if (bw == 4194304)
+            goal("3: ucx sm 4 MiB bandwidth, vs ucx_perftest tag_bw (sm)", "bandwidth, ucx provider, sm", "ucx_perftest tag_bw UCX_TLS=sm", ">=", 0.9)
+        split("1 4 16 64", mib, " ")
+        for (n = 2; n <= 4; n += 2)
+            for (i = 1; i <= 4; i++)
+                goal("4: all_reduce busbw " mib[i] " MiB, " n " ranks, tcp, vs Open MPI tcp", "allreduce busbw " mib[i] "M, " n " ranks, tcp", "Open MPI, btl tcp,self", ">=", 1.2)
+        for (n = 2; n <= 4; n += 2)
+            for (i = 1; i <= 4; i++)
+                goal("4: all_reduce busbw " mib[i] " MiB, " n " ranks, sm, vs Open MPI sm", "allreduce busbw " mib[i] "M, " n " ranks, sm", "Open MPI, default (shared memory)", ">=", 1)
+        goal("4: all_reduce 8 B latency, 4 ranks, tcp, vs Open MPI tcp", "allreduce lat 8 B, 4 ranks, tcp", "Open MPI, btl tcp,self", "<=", 1.2)
+    }' "$rows_file"
 }
 head_row() { printf "%-34s %10s  %-30s %10s  %6s  %-7s  %s\n" metric tern peer peer ratio steal% verdict; }
 
@@ -156,7 +197,7 @@ fi
 fi # SECTION p2p
 
 
-if [ "$SECTION" = p2p ]; then whole_steal; exit 0; fi
+if [ "$SECTION" = p2p ]; then goals; whole_steal; exit 0; fi
 
 # ---- collectives ----
 # nccl-tests' method and columns (docs/perf.md): busbw in GB/s (higher is
@@ -272,4 +313,5 @@ curves=$OUT_DIR/coll_curves.csv
     done
 } >"$curves"
 echo "# curves: $curves (plot: perf/plot_coll.sh $curves docs/img/allreduce_busbw.png)"
+goals
 whole_steal
