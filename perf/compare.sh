@@ -37,10 +37,9 @@ export UCX_NET_DEVICES=${UCX_NET_DEVICES:-lo}
 
 have_ucx_provider() { TERN_TRANSPORT=ucx "$RUN" -n 2 "$PERF" lat --sizes 8 --iters 10 >/dev/null 2>&1; }
 
-# tern-perf over a transport; prints one number (avg lat us, or GB/s). Its
-# own steal line (stderr) is left out: the rows carry each side's.
-tern_lat() { env "${@:2}" "$RUN" -n 2 "$PERF" lat --transport "$1" --sizes 8 --iters "${ITERS:-$LAT_ITERS}" --format csv 2> >(grep -v ' host steal: ' >&2) | awk -F, 'NR == 2 { print $8 }'; }
-tern_bw() { env "${@:2}" "$RUN" -n 2 "$PERF" bw --transport "$1" --sizes "$BW_SIZE" --iters "$BW_ITERS" --window "$WINDOW" --format csv 2> >(grep -v ' host steal: ' >&2) | awk -F, 'NR == 2 { print $10 }'; }
+# tern-perf over a transport; prints one number (avg lat us, or GB/s).
+tern_lat() { env "${@:2}" "$RUN" -n 2 "$PERF" lat --transport "$1" --sizes 8 --iters "${ITERS:-$LAT_ITERS}" --format csv | awk -F, 'NR == 2 { print $8 }'; }
+tern_bw() { env "${@:2}" "$RUN" -n 2 "$PERF" bw --transport "$1" --sizes "$BW_SIZE" --iters "$BW_ITERS" --window "$WINDOW" --format csv | awk -F, 'NR == 2 { print $10 }'; }
 
 # ucx_perftest: server in the background, client prints "Final" numbers (-f).
 ucx_run() { # TLS TEST SIZE ITERS FIELD
@@ -78,11 +77,12 @@ case $STEAL_MAX in '' | [0-9] | [0-9][0-9] | 100) ;; *) echo "compare.sh: STEAL_
 case $STEAL_TRIES in [1-9] | [1-9][0-9]) ;; *) echo "compare.sh: STEAL_TRIES is 1 to 99, not '$STEAL_TRIES'" >&2; exit 2 ;; esac
 run_start=$(cpu_now) retried=0
 # measure cmd...: its output in MV, its steal in MS (empty if unknown), tried
-# again while the steal passes STEAL_MAX.
+# again while the steal passes STEAL_MAX. tern-perf's own steal line (stderr,
+# with CSV) is left out: the rows carry each side's.
 measure() {
     local a try
     for try in $(seq "$STEAL_TRIES"); do
-        a=$(cpu_now); MV=$("$@"); MS=$(steal_pct "$a" "$(cpu_now)")
+        a=$(cpu_now); MV=$("$@" 2> >(grep -v ' host steal: ' >&2)); MS=$(steal_pct "$a" "$(cpu_now)")
         [ -n "$STEAL_MAX" ] && [ -n "$MS" ] && [ "$MS" -gt "$STEAL_MAX" ] && [ "$try" -lt "$STEAL_TRIES" ] || return 0
         retried=$((retried + 1))
     done
@@ -148,18 +148,20 @@ goals() {
     END {
         goal("3: tcp 8 B latency, vs a blocking C TCP ping-pong", "8 B latency, tcp provider", "plain C TCP ping-pong", "<", 1)
         goal("3: tcp 8 B latency, vs ucx_perftest tag_lat (tcp)", "8 B latency, tcp provider", "ucx_perftest tag_lat UCX_TLS=tcp", "<=", 1)
-        if (bw == 4194304) # the goals name 4 MiB
-            goal("3: tcp 4 MiB bandwidth, vs ucx_perftest tag_bw (tcp)", "bandwidth, tcp provider", "ucx_perftest tag_bw UCX_TLS=tcp", ">=", 1)
         goal("3: ucx sm 8 B latency, vs ucx_perftest tag_lat (sm)", "8 B latency, ucx provider, sm", "ucx_perftest tag_lat UCX_TLS=sm", "<=", 1.3)
-        if (bw == 4194304)
+        if (bw == 4194304) { # the goals name 4 MiB
+            goal("3: tcp 4 MiB bandwidth, vs ucx_perftest tag_bw (tcp)", "bandwidth, tcp provider", "ucx_perftest tag_bw UCX_TLS=tcp", ">=", 1)
             goal("3: ucx sm 4 MiB bandwidth, vs ucx_perftest tag_bw (sm)", "bandwidth, ucx provider, sm", "ucx_perftest tag_bw UCX_TLS=sm", ">=", 0.9)
+        }
         split("1 4 16 64", mib, " ")
-        for (n = 2; n <= 4; n += 2)
-            for (i = 1; i <= 4; i++)
-                goal("4: all_reduce busbw " mib[i] " MiB, " n " ranks, tcp, vs Open MPI tcp", "allreduce busbw " mib[i] "M, " n " ranks, tcp", "Open MPI, btl tcp,self", ">=", 1.2)
-        for (n = 2; n <= 4; n += 2)
-            for (i = 1; i <= 4; i++)
-                goal("4: all_reduce busbw " mib[i] " MiB, " n " ranks, sm, vs Open MPI sm", "allreduce busbw " mib[i] "M, " n " ranks, sm", "Open MPI, default (shared memory)", ">=", 1)
+        split("tcp sm", tr, " ")
+        peer["tcp"] = "Open MPI, btl tcp,self"; need["tcp"] = 1.2
+        peer["sm"] = "Open MPI, default (shared memory)"; need["sm"] = 1
+        for (j = 1; j <= 2; j++)
+            for (n = 2; n <= 4; n += 2)
+                for (i = 1; i <= 4; i++)
+                    goal("4: all_reduce busbw " mib[i] " MiB, " n " ranks, " tr[j] ", vs Open MPI " tr[j],
+                         "allreduce busbw " mib[i] "M, " n " ranks, " tr[j], peer[tr[j]], ">=", need[tr[j]])
         goal("4: all_reduce 8 B latency, 4 ranks, tcp, vs Open MPI tcp", "allreduce lat 8 B, 4 ranks, tcp", "Open MPI, btl tcp,self", "<=", 1.2)
     }' "$rows_file"
 }
@@ -228,7 +230,7 @@ ar_extra=()
 tern_coll() { # transport ranks test sizes [VAR=value...]
     local extra=()
     [ "$3" = allreduce ] && extra=("${ar_extra[@]}")
-    env "${@:5}" timeout 300 "$RUN" -n "$2" --no-prefix "$PERF" "$3" --transport "$1" --sizes "$4" "${extra[@]}" --format csv 2> >(grep -v ' host steal: ' >&2) ||
+    env "${@:5}" timeout 300 "$RUN" -n "$2" --no-prefix "$PERF" "$3" --transport "$1" --sizes "$4" "${extra[@]}" --format csv ||
         echo "# tern-perf $3 over $1 with $2 ranks failed" >&2; }
 mpi_coll() { # ranks test sizes [mpirun options...]
     local extra=()

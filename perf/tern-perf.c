@@ -793,8 +793,8 @@ int main(int argc, char **argv)
     tern_bench_cpu_read(&run0);
     if (is_rpc) {
         /* Rank 0 calls, the others serve until it is done; every rank then
-         * shuts RPC down, failed or not. */
-        /* Only rank 0 loops here, so the steal is its host's. */
+         * shuts RPC down, failed or not. Only rank 0 loops, so the steal is
+         * its host's. */
         int failed = 0;
         unsigned row = 0;
         tern_bench_result_t r;
