@@ -286,7 +286,7 @@ static void fail_as(tern__coll_t *c, tern_status_t st, bool tell, const char *wh
         if (s->state == STEP_POSTED)
             tern__p2p_cancel(comm, s->req);
     }
-    pthread_mutex_unlock(&comm->lock);
+    tern__comm_unlock(comm);
 }
 
 static void fail(tern__coll_t *c, tern_status_t st, const char *fmt, ...)
@@ -337,7 +337,7 @@ static void hold_take(hold_t *h)
 static void hold_drop(hold_t *h)
 {
     if (h->held) {
-        pthread_mutex_unlock(&h->comm->lock);
+        tern__comm_unlock(h->comm);
         h->held = false;
     }
 }

@@ -79,7 +79,7 @@ coll_state_t *tern__coll_state(tern__comm_t *comm)
             comm->coll_state = cs;
         }
     }
-    pthread_mutex_unlock(&comm->lock);
+    tern__comm_unlock(comm);
     if (cs == NULL)
         tern__error(TERN_ERR_NO_MEMORY, "collectives: no memory");
     return cs;
@@ -125,13 +125,13 @@ tern_status_t tern_group_create(tern_ctx_t *ctx, const int *ranks, size_t n, ter
         return TERN_ERR_NO_MEMORY;
     tern__comm_lock(comm);
     uint32_t cid = cs->next_cid++;
-    pthread_mutex_unlock(&comm->lock);
+    tern__comm_unlock(comm);
     if ((*out = group_new(comm, cid, ranks, n)) == NULL)
         return TERN_ERR_NO_MEMORY;
     tern__comm_lock(comm);
     (*out)->next_live = cs->groups;
     cs->groups = *out;
-    pthread_mutex_unlock(&comm->lock);
+    tern__comm_unlock(comm);
     return TERN_OK;
 }
 
@@ -148,7 +148,7 @@ void tern_group_destroy(tern_group_t *g)
         while (*pp != g)
             pp = &(*pp)->next_live;
         *pp = g->next_live;
-        pthread_mutex_unlock(&comm->lock);
+        tern__comm_unlock(comm);
         /* A failed call may have left messages for it, or have more coming. */
         tern__p2p_drop_cid(comm, g->cid);
     }

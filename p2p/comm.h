@@ -174,12 +174,22 @@ struct tern__comm {
 /* The comm of a context (after tern_init). */
 tern__comm_t *tern__comm(tern_ctx_t *ctx);
 
+/* comm->lock, through these only. */
+static inline bool tern__comm_trylock(tern__comm_t *comm)
+{
+    return pthread_mutex_trylock(&comm->lock) == 0;
+}
+static inline void tern__comm_unlock(tern__comm_t *comm)
+{
+    pthread_mutex_unlock(&comm->lock);
+}
+
 /* Take comm->lock (every user of it but the wait loop, which holds it across
  * idle polls: a thread that finds it taken says so, and the waiter lets go
  * within one poll). */
 static inline void tern__comm_lock(tern__comm_t *comm)
 {
-    if (pthread_mutex_trylock(&comm->lock) == 0)
+    if (tern__comm_trylock(comm))
         return;
     atomic_fetch_add_explicit(&comm->lock_wanted, 1, memory_order_relaxed);
     pthread_mutex_lock(&comm->lock);

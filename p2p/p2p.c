@@ -204,7 +204,7 @@ tern_status_t tern__p2p_ping(tern__comm_t *comm, int dst, uint64_t seq)
         memcpy(b->data, msg, sizeof(msg));
         st = send_bounce(comm, dst, tern_imm_make(TERN_IMM_CONTROL, 0, 0, CTRL_PING), b);
     }
-    pthread_mutex_unlock(&comm->lock);
+    tern__comm_unlock(comm);
     return st;
 }
 
@@ -1129,25 +1129,40 @@ void tern__p2p_rtr_tick(tern__comm_t *comm, uint64_t now)
 
 /* An eager send (lock held, eager_fits): the payload is copied out, so the
  * send is complete when this returns TERN_OK. A message the transport copies
- * as it posts (attr.max_inline) is staged on the stack, not in a bounce
- * buffer: on shared memory that is a tenth of a small message's cost. */
+ * as it posts (attr.max_inline) is built on the stack after the room the
+ * transport wants for its own header (tern_ep_send_inline): no bounce
+ * buffer, which on shared memory was a tenth of a small message's cost, and
+ * nothing for the transport to gather or keep. */
 static tern_status_t send_eager(tern__comm_t *comm, uint32_t cid, const void *buf, size_t len,
                                 int dst, int tag, uint32_t shape, uint64_t *seq)
 {
-    uint8_t stack[BOUNCE_SMALL];
     const size_t hdr = eager_hdr(cid), n = hdr + len;
-    const bool inl = n <= comm->attr.max_inline && n <= sizeof(stack);
-    bounce_t *b = inl ? NULL : bounce_new(comm, n);
-    uint8_t *msg = inl ? stack : b != NULL ? b->data : NULL;
-    if (msg == NULL)
-        return tern__error(TERN_ERR_NO_MEMORY, "send: no memory for %zu bytes", len);
+    const bool inl = n <= comm->attr.max_inline && n <= BOUNCE_SMALL;
+    uint8_t stack[TERN_INLINE_PREFIX_MAX + BOUNCE_SMALL];
+    bounce_t *b = NULL;
+    uint8_t *msg;
+    tern_status_t st;
+    if (inl) {
+        msg = stack + comm->attr.inline_prefix;
+    } else {
+        if ((b = bounce_new(comm, n)) == NULL)
+            return tern__error(TERN_ERR_NO_MEMORY, "send: no memory for %zu bytes", len);
+        msg = b->data;
+    }
     tern__put_le32(msg, cid);
     tern__put_le32(msg + 4, (uint32_t)tag);
     if (cid != 0)
         tern__put_le32(msg + EAGER_HDR, shape);
     if (len)
         memcpy(msg + hdr, buf, len);
-    tern_status_t st = send_msg(comm, dst, msg_imm(comm, TERN_IMM_P2P_EAGER, dst, seq), msg, n, b);
+    const uint32_t imm = msg_imm(comm, TERN_IMM_P2P_EAGER, dst, seq);
+    if (inl) {
+        tern_ep_t *ep;
+        if ((st = tern__comm_ep(comm, dst, &ep)) == TERN_OK)
+            st = tern_ep_send_inline(ep, imm, stack, n);
+    } else {
+        st = send_msg(comm, dst, imm, msg, n, b);
+    }
     if (st == TERN_OK)
         comm->credits[dst] -= (int64_t)len;
     return st;
@@ -1161,7 +1176,7 @@ tern_status_t tern__p2p_isend(tern__comm_t *comm, uint32_t cid, const void *buf,
         return tern__error(TERN_ERR_INVALID_PARAM, "isend: NULL request pointer");
     tern__comm_lock(comm);
     st = tern__p2p_isend_locked(comm, cid, buf, len, dst, tag, 0, 0, req_out);
-    pthread_mutex_unlock(&comm->lock);
+    tern__comm_unlock(comm);
     return st;
 }
 
@@ -1285,7 +1300,7 @@ void tern__p2p_drop_cid(tern__comm_t *comm, uint32_t cid)
         unexp_drop(comm, u);
     }
     n += rtrs_drop(comm, -1, cid);
-    pthread_mutex_unlock(&comm->lock);
+    tern__comm_unlock(comm);
     if (n > 0)
         tern_debug("p2p: communicator %" PRIu32 " is gone: dropped %zu messages or offers for it "
                    "(%zu bytes)",
@@ -1337,7 +1352,7 @@ tern_status_t tern__p2p_irecv(tern__comm_t *comm, uint32_t cid, void *buf, size_
         return tern__error(TERN_ERR_INVALID_PARAM, "irecv: NULL request pointer");
     tern__comm_lock(comm);
     st = tern__p2p_irecv_locked(comm, cid, buf, cap, src, tag, 0, 0, req_out);
-    pthread_mutex_unlock(&comm->lock);
+    tern__comm_unlock(comm);
     return st;
 }
 
@@ -1593,12 +1608,12 @@ void tern__req_prof_attach(tern_request_t *req, tern__prof_op_t *op)
         op->seq = req->seq;
         if (req->kind == REQ_RECV)
             op->peer = req->info.source;
-        pthread_mutex_unlock(&comm->lock);
+        tern__comm_unlock(comm);
         tern__prof_op_end(op, tern__req_bytes(req), NULL, 0);
         return;
     }
     req->prof = *op;
-    pthread_mutex_unlock(&comm->lock);
+    tern__comm_unlock(comm);
 }
 
 /* The profiled op of a user's isend or irecv: attached if the post (st)
@@ -1655,10 +1670,10 @@ tern_status_t tern__p2p_send(tern__comm_t *comm, uint32_t cid, const void *buf, 
     tern__comm_lock(comm);
     if (eager_fits(comm, cid, len, dst)) {
         st = send_eager(comm, cid, buf, len, dst, tag, 0, seq);
-        pthread_mutex_unlock(&comm->lock);
+        tern__comm_unlock(comm);
         return st;
     }
-    pthread_mutex_unlock(&comm->lock);
+    tern__comm_unlock(comm);
     st = tern__p2p_isend(comm, cid, buf, len, dst, tag, &req);
     if (st != TERN_OK)
         return st;
@@ -1679,7 +1694,7 @@ tern_status_t tern__p2p_recv(tern__comm_t *comm, uint32_t cid, void *buf, size_t
         unlink_unexp(comm, u, prev);
         comm->unexpected_bytes -= u->len;
         st = copy_eager(comm, buf, cap, u->src, u->tag, u->data, u->len);
-        pthread_mutex_unlock(&comm->lock);
+        tern__comm_unlock(comm);
         if (info != NULL)
             *info = (tern_msg_info_t){.source = u->src, .tag = u->tag, .len = u->len};
         *seq = u->seq;
@@ -1691,7 +1706,7 @@ tern_status_t tern__p2p_recv(tern__comm_t *comm, uint32_t cid, void *buf, size_t
         return st;
     }
     if ((st = irecv_post(comm, cid, buf, cap, src, tag, 0, 0, u, prev, &req)) != TERN_OK) {
-        pthread_mutex_unlock(&comm->lock);
+        tern__comm_unlock(comm);
         return st;
     }
     if (atomic_load_explicit(&req->done, memory_order_relaxed))

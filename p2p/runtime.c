@@ -155,7 +155,7 @@ void tern__comm_coll_poll_locked(tern__comm_t *comm, bool check_time)
         comm->coll_progress(comm, check_time, true);
         return;
     }
-    pthread_mutex_unlock(&comm->lock);
+    tern__comm_unlock(comm);
 }
 
 /* ---- progress ---- */
@@ -194,7 +194,7 @@ static void *progress_main(void *arg)
         int n = tern_transport_progress(comm->tp);
         bool may_sleep = n == 0 && !comm->busy_poll && fd >= 0 &&
                          !atomic_load(&comm->coll_kick) && tern_transport_arm(comm->tp) == TERN_OK;
-        pthread_mutex_unlock(&comm->lock);
+        tern__comm_unlock(comm);
         /* Collectives in flight move on here when nobody waits on them; the
          * clock check lets a stalled one time out. */
         tern__comm_coll_poll(comm, n == 0);
@@ -448,9 +448,9 @@ tern_status_t tern_request_test(tern_request_t *req, int *done, tern_msg_info_t 
         return tern__error(TERN_ERR_INVALID_PARAM, "tern_request_test: NULL argument");
     comm = req->comm;
     if (!atomic_load_explicit(&req->done, memory_order_acquire)) {
-        if (pthread_mutex_trylock(&comm->lock) == 0) {
+        if (tern__comm_trylock(comm)) {
             tern_transport_progress(comm->tp);
-            pthread_mutex_unlock(&comm->lock);
+            tern__comm_unlock(comm);
         } /* else another thread is progressing */
         tern__comm_coll_poll(comm, req->kind == REQ_COLL);
         if (!atomic_load_explicit(&req->done, memory_order_acquire)) {
@@ -463,7 +463,7 @@ tern_status_t tern_request_test(tern_request_t *req, int *done, tern_msg_info_t 
     *done = atomic_load_explicit(&req->done, memory_order_acquire);
     if (*done)
         st = req_finish(comm, req, info);
-    pthread_mutex_unlock(&comm->lock);
+    tern__comm_unlock(comm);
     return st;
 }
 
@@ -510,7 +510,7 @@ static wait_end_t wait_loop(tern__comm_t *comm, atomic_int *done, int64_t timeou
     wait_end_t end = WAIT_DONE;
     waiter_beat(comm);
     while (!atomic_load_explicit(done, memory_order_acquire)) {
-        if (!locked && pthread_mutex_trylock(&comm->lock) != 0) {
+        if (!locked && !tern__comm_trylock(comm)) {
             /* Another waiter is progressing; it will complete ours too. */
             sched_yield();
             continue;
@@ -534,7 +534,7 @@ static wait_end_t wait_loop(tern__comm_t *comm, atomic_int *done, int64_t timeou
                 end = WAIT_DONE_LOCKED; /* finish under this hold of the lock */
                 break;
             }
-            pthread_mutex_unlock(&comm->lock);
+            tern__comm_unlock(comm);
             break;
         }
         if (n > 0) {
@@ -567,7 +567,7 @@ static wait_end_t wait_loop(tern__comm_t *comm, atomic_int *done, int64_t timeou
             quiet_since = now;
         moved = false;
         if (now >= deadline) {
-            pthread_mutex_unlock(&comm->lock);
+            tern__comm_unlock(comm);
             if (!atomic_load_explicit(done, memory_order_acquire))
                 end = WAIT_TIMED_OUT;
             break;
@@ -575,7 +575,7 @@ static wait_end_t wait_loop(tern__comm_t *comm, atomic_int *done, int64_t timeou
         /* Not done (checked above, and it cannot change while we hold the lock). */
         bool sleep = !comm->busy_poll && fd >= 0 && now - quiet_since > comm->spin_ns && !helper &&
                      tern_transport_arm(comm->tp) == TERN_OK;
-        pthread_mutex_unlock(&comm->lock);
+        tern__comm_unlock(comm);
         tern__comm_coll_poll(comm, true);
         if (comm->rpc_poll != NULL && atomic_load_explicit(&comm->rpc_timers, memory_order_relaxed))
             comm->rpc_poll(comm);
@@ -597,7 +597,7 @@ static wait_end_t wait_loop(tern__comm_t *comm, atomic_int *done, int64_t timeou
         if (keep_lock)
             end = WAIT_DONE_LOCKED;
         else
-            pthread_mutex_unlock(&comm->lock);
+            tern__comm_unlock(comm);
     }
     /* The progress thread stays asleep for another nap: the next wait in a
      * loop of blocking calls comes within microseconds. No wake-up call,
@@ -619,7 +619,7 @@ static tern_status_t request_wait(tern_request_t *req, int64_t timeout_ns, tern_
     wait_end_t end = wait_loop(comm, &req->done, timeout_ns, true, locked);
     if (end == WAIT_DONE_LOCKED) {
         tern_status_t st = req_finish(comm, req, info);
-        pthread_mutex_unlock(&comm->lock);
+        tern__comm_unlock(comm);
         return st;
     }
     if (end == WAIT_TIMED_OUT)

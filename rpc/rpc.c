@@ -723,7 +723,7 @@ static void future_unref(tern_future_t *f, bool locked)
             tern__comm_lock(f->rpc->comm);
         future_drop_rrefs(f->rpc, f);
         if (!locked)
-            pthread_mutex_unlock(&f->rpc->comm->lock);
+            tern__comm_unlock(f->rpc->comm);
     }
     for (size_t i = 0; i < f->nbufs; i++)
         free(f->bufs[i]);
@@ -745,7 +745,7 @@ static void run_callbacks(void *arg)
         f->cbs[i].cb(f, f->cbs[i].arg);
     tern__comm_lock(rpc->comm);
     rpc->tasks--;
-    pthread_mutex_unlock(&rpc->comm->lock);
+    tern__comm_unlock(rpc->comm);
     future_unref(f, false);
 }
 
@@ -1694,7 +1694,7 @@ static bool handler_block(rpc_t *rpc)
     tern__comm_lock(rpc->comm);
     rpc->running--;
     backlog_drain(rpc);
-    pthread_mutex_unlock(&rpc->comm->lock);
+    tern__comm_unlock(rpc->comm);
     return true;
 }
 
@@ -1704,7 +1704,7 @@ static void handler_unblock(rpc_t *rpc, bool blocked)
         return;
     tern__comm_lock(rpc->comm);
     rpc->running++;
-    pthread_mutex_unlock(&rpc->comm->lock);
+    tern__comm_unlock(rpc->comm);
 }
 
 static void run_call(void *arg)
@@ -1742,7 +1742,7 @@ static void run_call(void *arg)
         rpc->deferred++;
     else
         reply(rpc, c, st);
-    pthread_mutex_unlock(&rpc->comm->lock);
+    tern__comm_unlock(rpc->comm);
 }
 
 static void future_pulled(rpc_t *rpc, tern_future_t *f)
@@ -2003,7 +2003,7 @@ static tern_status_t window_wait(rpc_t *rpc, int dst)
         tern__comm_lock(comm);
         bool fits = rpc->window_used[dst] < rpc->window || rpc->closed ||
                     comm->peer_failed[dst] != TERN_OK;
-        pthread_mutex_unlock(&comm->lock);
+        tern__comm_unlock(comm);
         if (fits)
             break;
         if (!blocked)
@@ -2193,7 +2193,7 @@ static tern_status_t call_out(rpc_t *rpc, int dst, uint8_t type, uint64_t target
         tern__error(st, "%s: %s", f->what, tern_last_error());
     }
 out:
-    pthread_mutex_unlock(&comm->lock);
+    tern__comm_unlock(comm);
     if (st != TERN_OK) {
         tern__prof_op_drop(&f->prof);
         free(f->arg_mrs);
@@ -2342,13 +2342,13 @@ tern_status_t tern_future_then(tern_future_t *f, tern_future_cb cb, void *arg)
     bool done = atomic_load(&f->done);
     if (!done) {
         if (f->ncbs == MAX_CBS) {
-            pthread_mutex_unlock(&comm->lock);
+            tern__comm_unlock(comm);
             return tern__error(TERN_ERR_OUT_OF_RANGE, "at most %d callbacks per future", MAX_CBS);
         }
         f->cbs[f->ncbs].cb = cb;
         f->cbs[f->ncbs++].arg = arg;
     }
-    pthread_mutex_unlock(&comm->lock);
+    tern__comm_unlock(comm);
     if (done)
         cb(f, arg);
     return TERN_OK;
@@ -2364,12 +2364,12 @@ void tern_future_free(tern_future_t *f)
 
 static void rpc_poll(tern__comm_t *comm)
 {
-    if (pthread_mutex_trylock(&comm->lock) != 0)
+    if (!tern__comm_trylock(comm))
         return;
     rpc_t *rpc = comm->rpc_state;
     uint64_t now = tern_clock_ns();
     if (rpc == NULL || now < rpc->next_check) {
-        pthread_mutex_unlock(&comm->lock);
+        tern__comm_unlock(comm);
         return;
     }
     rpc->next_check = now + 1000000; /* a scan per millisecond at most */
@@ -2386,7 +2386,7 @@ static void rpc_poll(tern__comm_t *comm)
         else
             future_time_out(rpc, f);
     }
-    pthread_mutex_unlock(&comm->lock);
+    tern__comm_unlock(comm);
 }
 
 static void rpc_peer_lost(tern__comm_t *comm, int peer)
@@ -2614,7 +2614,7 @@ void tern_rpc_call_complete(tern_rpc_call_t *c, tern_status_t status)
         rpc->deferred--;
         reply(rpc, c, status);
     }
-    pthread_mutex_unlock(&rpc->comm->lock);
+    tern__comm_unlock(rpc->comm);
 }
 
 /* ---- RRefs: the user's side ---- */
@@ -2627,7 +2627,7 @@ static tern_status_t remote_out(rpc_t *rpc, int dst, uint64_t target, const char
 {
     tern__comm_lock(rpc->comm);
     uint64_t id = new_id(rpc), fork = new_id(rpc);
-    pthread_mutex_unlock(&rpc->comm->lock);
+    tern__comm_unlock(rpc->comm);
     tern_rref_t *r = rref_new(rpc, dst, id, fork);
     if (r == NULL)
         return tern__error(TERN_ERR_NO_MEMORY, "rpc: out of memory");
@@ -2712,7 +2712,7 @@ tern_status_t tern_rref_local(tern_ctx_t *ctx, const tern_rpc_args_t *value, ter
         if (o != NULL)
             owner_maybe_free(rpc, o);
         free(r);
-        pthread_mutex_unlock(&rpc->comm->lock);
+        tern__comm_unlock(rpc->comm);
         goto nomem;
     }
     o->tensors = tmp.tensors;
@@ -2723,7 +2723,7 @@ tern_status_t tern_rref_local(tern_ctx_t *ctx, const tern_rpc_args_t *value, ter
     o->blob_len = tmp.blob_len;
     o->state = O_READY;
     o->created = true;
-    pthread_mutex_unlock(&rpc->comm->lock);
+    tern__comm_unlock(rpc->comm);
     *rref = r;
     return TERN_OK;
 nomem:
@@ -2832,7 +2832,7 @@ void tern_rref_release(tern_rref_t *r)
     rpc_t *rpc = r->rpc;
     tern__comm_lock(rpc->comm);
     rref_drop_locked(rpc, r);
-    pthread_mutex_unlock(&rpc->comm->lock);
+    tern__comm_unlock(rpc->comm);
 }
 
 size_t tern_rpc_owned_count(tern_ctx_t *ctx)
@@ -2842,7 +2842,7 @@ size_t tern_rpc_owned_count(tern_ctx_t *ctx)
         return 0;
     tern__comm_lock(rpc->comm);
     size_t n = HASH_COUNT(rpc->owned);
-    pthread_mutex_unlock(&rpc->comm->lock);
+    tern__comm_unlock(rpc->comm);
     return n;
 }
 
@@ -2894,7 +2894,7 @@ static void wait_tasks(rpc_t *rpc)
     for (;;) {
         tern__comm_lock(rpc->comm);
         bool idle = rpc->tasks == 0 && rpc->pulling == 0;
-        pthread_mutex_unlock(&rpc->comm->lock);
+        tern__comm_unlock(rpc->comm);
         if (idle)
             return;
         tern__comm_wait(rpc->comm, &never, 1000000);
@@ -2957,7 +2957,7 @@ static void rpc_fini(tern__comm_t *comm)
     comm->rpc_peer_lost = NULL;
     comm->rpc_fini = NULL;
     comm->rpc_state = NULL;
-    pthread_mutex_unlock(&comm->lock);
+    tern__comm_unlock(comm);
     rpc_free(rpc);
 }
 
@@ -2975,14 +2975,14 @@ static void wait_quiet(rpc_t *rpc)
                       HASH_COUNT(rpc->inflight), rpc->running, rpc->deferred, rpc->pulling,
                       rpc->children ? "forks not yet accepted" : "no forks pending",
                       rpc->held ? "results not yet pulled" : "no results held");
-            pthread_mutex_unlock(&rpc->comm->lock);
+            tern__comm_unlock(rpc->comm);
             next_note = tern_clock_ns() + (uint64_t)tern__ctx_timeout(rpc->ctx);
         }
         tern__comm_lock(rpc->comm);
         bool quiet = rpc->inflight == NULL && rpc->running == 0 && rpc->backlog_head == NULL &&
                      rpc->tasks == 0 && rpc->deferred == 0 && rpc->pulling == 0 &&
                      rpc->children == NULL && rpc->held == NULL;
-        pthread_mutex_unlock(&rpc->comm->lock);
+        tern__comm_unlock(rpc->comm);
         if (quiet)
             return;
         tern__comm_wait(rpc->comm, &never, 1000000);
@@ -3038,7 +3038,7 @@ tern_status_t tern_rpc_shutdown(tern_ctx_t *ctx, int graceful)
             wait_quiet(rpc);
             tern__comm_lock(rpc->comm);
             int64_t s = (int64_t)rpc->sent, h = (int64_t)rpc->handled;
-            pthread_mutex_unlock(&rpc->comm->lock);
+            tern__comm_unlock(rpc->comm);
             snprintf(key, sizeof(key), "tern/rpc/shutdown/%u/sent", round);
             if ((st = tern_store_add(store, key, s, NULL)) != TERN_OK)
                 break;
@@ -3064,11 +3064,11 @@ tern_status_t tern_rpc_shutdown(tern_ctx_t *ctx, int graceful)
     }
     tern__comm_lock(rpc->comm);
     rpc->closed = true;
-    pthread_mutex_unlock(&rpc->comm->lock);
+    tern__comm_unlock(rpc->comm);
     wait_tasks(rpc);
     tern__comm_lock(rpc->comm);
     teardown_locked(rpc, TERN_ERR_CLOSED);
-    pthread_mutex_unlock(&rpc->comm->lock);
+    tern__comm_unlock(rpc->comm);
     return st;
 }
 
@@ -3164,7 +3164,7 @@ tern_status_t tern_rpc_init(tern_ctx_t *ctx, const char *name, const tern_rpc_op
     comm->rpc_fini = rpc_fini;
     tern__comm_set_handler(comm, TERN_IMM_RPC_REQUEST, on_message, rpc);
     tern__comm_set_handler(comm, TERN_IMM_RPC_REPLY, on_message, rpc);
-    pthread_mutex_unlock(&comm->lock);
+    tern__comm_unlock(comm);
     if ((st = tern_store_barrier(store, "tern/rpc/ready", (unsigned)rpc->world,
                                  tern__ctx_timeout(ctx))) != TERN_OK) {
         rpc_fini(comm);

@@ -215,7 +215,8 @@ static tern_status_t read_desc(const unsigned char *p, size_t len, const tern_te
 tern_status_t tern_tensor_decode_desc(const void *buf, size_t len, tern_tensor_t *out,
                                       size_t *consumed)
 {
-    tern_tensor_t t;
+    /* Zeroed: read_desc fills it on success only, which -O3 cannot see. */
+    tern_tensor_t t = {0};
     size_t size = 0, nbytes = 0;
     tern_status_t st = read_desc(buf, len, out, &t, &size, &nbytes);
     if (st != TERN_OK)
@@ -232,7 +233,8 @@ tern_status_t tern_tensor_decode_desc(const void *buf, size_t len, tern_tensor_t
 
 tern_status_t tern_tensor_decode(const void *buf, size_t len, tern_tensor_t *out, size_t *consumed)
 {
-    tern_tensor_t t;
+    /* Zeroed: read_desc fills it on success only, which -O3 cannot see. */
+    tern_tensor_t t = {0};
     size_t size = 0, nbytes = 0;
     tern_status_t st = read_desc(buf, len, out, &t, &size, &nbytes);
     if (st != TERN_OK)

@@ -81,6 +81,9 @@ typedef struct tern__tp_ops {
     void (*ep_destroy)(tern_ep_t *ep);
     tern_status_t (*send)(tern_ep_t *ep, uint32_t imm, const void *buf, size_t len,
                           const tern_op_params_t *params);
+    /* Optional (NULL: transport.c calls send with the payload, which needs
+     * an inline_prefix of 0). Checked already: len <= attr.max_inline. */
+    tern_status_t (*send_inline)(tern_ep_t *ep, uint32_t imm, void *buf, size_t len);
     tern_status_t (*put)(tern_ep_t *ep, const void *buf, size_t len, uint64_t raddr,
                          tern_rkey_t *rkey, const tern_op_params_t *params);
     tern_status_t (*get)(tern_ep_t *ep, void *buf, size_t len, uint64_t raddr, tern_rkey_t *rkey,

@@ -337,6 +337,21 @@ tern_status_t tern_ep_send(tern_ep_t *ep, uint32_t imm, const void *buf, size_t 
     return ep->tp->ops->send(ep, imm, buf, len, params);
 }
 
+tern_status_t tern_ep_send_inline(tern_ep_t *ep, uint32_t imm, void *buf, size_t len)
+{
+    if (ep == NULL || buf == NULL)
+        return tern__error(TERN_ERR_INVALID_PARAM, "tern_ep_send_inline: NULL argument");
+    if (len > ep->tp->attr.max_inline)
+        return tern__error(TERN_ERR_INVALID_PARAM,
+                           "tern_ep_send_inline: %zu bytes exceeds the inline limit %zu", len,
+                           ep->tp->attr.max_inline);
+    if (ep->tp->ops->send_inline != NULL)
+        return ep->tp->ops->send_inline(ep, imm, buf, len);
+    tern_status_t st = ep->tp->ops->send(ep, imm, (uint8_t *)buf + ep->tp->attr.inline_prefix,
+                                         len, NULL);
+    return st == TERN_INPROGRESS ? TERN_OK : st;
+}
+
 tern_status_t tern_ep_put(tern_ep_t *ep, const void *buf, size_t len, uint64_t raddr,
                           tern_rkey_t *rkey, const tern_op_params_t *params)
 {

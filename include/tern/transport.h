@@ -10,6 +10,7 @@
  *   tern_ep_create          an RC QP connected to the peer's address (rdmacm)
  *   tern_mr_reg / pack      ibv_reg_mr (or dma-buf for CUDA); rkey, address, length
  *   tern_ep_send            IBV_WR_SEND_WITH_IMM (inline when small) into the peer's SRQ
+ *   tern_ep_send_inline     the same, IBV_SEND_INLINE, unsignaled
  *   tern_ep_put             IBV_WR_RDMA_WRITE, or _WITH_IMM with TERN_OP_PARAM_IMM
  *   tern_ep_get             IBV_WR_RDMA_READ
  *   tern_transport_progress ibv_poll_cq; tern_transport_arm + _fd: ibv_req_notify_cq
@@ -108,6 +109,8 @@ typedef struct tern_transport_attr {
     size_t max_send;      /* largest tern_ep_send payload */
     size_t max_inline;    /* host sends up to this many bytes copy the payload as they are
                              posted (verbs: inline sends): the buffer is free at once */
+    size_t inline_prefix; /* bytes a tern_ep_send_inline buffer leaves in front of its
+                             payload for the provider's header (at most TERN_INLINE_PREFIX_MAX) */
     size_t max_put;       /* largest single put or get */
     size_t addr_len;      /* bytes of this transport's address */
     int busy_poll;
@@ -232,6 +235,8 @@ enum tern_op_param_field {
     TERN_OP_PARAM_MR = 1u << 2,  /* the local buffer lies in mr (required by put/get) */
 };
 
+#define TERN_INLINE_PREFIX_MAX 64
+
 typedef struct tern_op_params {
     uint64_t field_mask;
     tern_comp_fn cb;
@@ -249,6 +254,20 @@ typedef struct tern_op_params {
  */
 TERN_API tern_status_t tern_ep_send(tern_ep_t *ep, uint32_t imm, const void *buf, size_t len,
                                     const tern_op_params_t *params);
+
+/*
+ * A small send whose buffer has room in front for the provider's own header,
+ * as libfabric's FI_MSG_PREFIX: buf starts with attr.inline_prefix bytes the
+ * provider may overwrite (their contents are ignored), then len payload bytes
+ * (len <= attr.max_inline, host memory). The peer gets one TERN_EVENT_RECV of
+ * the payload, as from tern_ep_send, in order with the endpoint's other
+ * sends. Everything is copied before this returns and there is no completion
+ * to wait for (verbs: an unsignaled inline send). The caller builds header
+ * and payload in one buffer with nothing for the provider to gather, and the
+ * provider needs none of its operation state: on shared memory that is a
+ * third of what tern adds to a small message's turnaround (docs/perf.md).
+ */
+TERN_API tern_status_t tern_ep_send_inline(tern_ep_t *ep, uint32_t imm, void *buf, size_t len);
 
 /*
  * RDMA write: copy buf[0..len) (in params->mr) to remote address raddr inside the

@@ -307,6 +307,63 @@ static void test_send_inline(void **state)
     free(buf);
 }
 
+/* tern_ep_send_inline: the payload after attr.inline_prefix bytes of room
+ * arrives alone (the prefix's garbage never does), in order with the
+ * endpoint's ordinary sends, from a buffer rewritten right after each post
+ * with nothing progressed in between: many are refused by UCX's full queue
+ * and go the ordinary way, behind which the later ones must queue too. */
+static void test_send_inline_prefix(void **state)
+{
+    pair_t *p = *state;
+    enum { N = 3000 };
+    const size_t pre = p->a.attr.inline_prefix, max = p->a.attr.max_inline;
+    assert_true(pre <= TERN_INLINE_PREFIX_MAX);
+    uint8_t *buf = malloc(pre + max);
+    const size_t sizes[] = {0, 1, 8, 57, max - 1, max};
+    const size_t nsizes = sizeof(sizes) / sizeof(sizes[0]);
+    counter_t c = {0};
+    tern_op_params_t op = cb_params(&c);
+    unsigned ordinary = 0;
+    for (unsigned i = 0; i < N; i++) {
+        size_t len = sizes[i % nsizes];
+        uint32_t imm = tern_imm_make(TERN_IMM_P2P_EAGER, 0, 0, i % 251);
+        if (i % 7 == 3) { /* an ordinary send between the inline ones */
+            static uint8_t obuf[N][64];
+            len = i % 64;
+            fill(obuf[i], len, (uint8_t)(i % 251));
+            posted(tern_ep_send(p->a.ep, imm, obuf[i], len, &op), &c);
+            ordinary++;
+            continue;
+        }
+        memset(buf, 0xa5, pre);
+        fill(buf + pre, len, (uint8_t)(i % 251));
+        assert_int_equal(tern_ep_send_inline(p->a.ep, imm, buf, len), TERN_OK);
+        memset(buf, 0xee, pre + max);
+    }
+    PUMP_UNTIL(p, c.done == ordinary && p->b.nrecv == N, "3000 inline and ordinary sends");
+    assert_int_equal(c.failed, 0);
+    for (unsigned i = 0; i < N && i < MAX_EVENTS; i++) {
+        size_t want = i % 7 == 3 ? i % 64 : sizes[i % nsizes];
+        if (tern_imm_slot(p->b.recv_imm[i]) != i % 251 || p->b.recv_len[i] != want ||
+            !p->b.recv_ok[i])
+            fail_msg("send %u (%zu bytes, %s) arrived out of order or changed", i, want,
+                     i % 7 == 3 ? "ordinary" : "inline");
+    }
+    /* Refused before anything is sent: over the limit, no buffer, no endpoint. */
+    assert_int_equal(tern_ep_send_inline(p->a.ep, 1, buf, max + 1), TERN_ERR_INVALID_PARAM);
+    assert_int_equal(tern_ep_send_inline(p->a.ep, 1, NULL, 0), TERN_ERR_INVALID_PARAM);
+    assert_int_equal(tern_ep_send_inline(NULL, 1, buf, 0), TERN_ERR_INVALID_PARAM);
+    /* The endpoint is still in order afterwards. */
+    memset(buf, 0, pre);
+    fill(buf + pre, 5, 9);
+    assert_int_equal(tern_ep_send_inline(p->a.ep, tern_imm_make(TERN_IMM_P2P_EAGER, 0, 0, 9), buf, 5),
+                     TERN_OK);
+    PUMP_UNTIL(p, p->b.nrecv == N + 1, "one more inline send");
+    assert_int_equal(p->b.recv_len[N], 5);
+    assert_true(p->b.recv_ok[N]);
+    free(buf);
+}
+
 /* Both directions at once, so neither side's progress starves the other. */
 static void test_send_both_directions(void **state)
 {
@@ -916,6 +973,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_send_ordering_many_outstanding, setup, teardown),
         cmocka_unit_test_setup_teardown(test_send_both_directions, setup, teardown),
         cmocka_unit_test_setup_teardown(test_send_inline, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_send_inline_prefix, setup, teardown),
         cmocka_unit_test_setup_teardown(test_ordering_while_connecting, setup, teardown),
         cmocka_unit_test_setup_teardown(test_endpoint_made_later, setup_one_way, teardown),
         cmocka_unit_test_setup_teardown(test_put_get_every_size, setup, teardown),

@@ -105,6 +105,7 @@
 #define RKEY_HDR_LEN 40u
 #define RKEY_F_HOST (1u << 16) /* in the key's access word: the region is host memory */
 #define MSG_HDR_LEN 32u
+_Static_assert(MSG_HDR_LEN <= TERN_INLINE_PREFIX_MAX, "the header is the inline sends' prefix");
 /* A message whose payload is at most this travels as one contiguous AM
  * payload, header first, instead of header and payload apart (am_post). */
 #define MSG_INLINE 224u
@@ -2194,6 +2195,45 @@ static tern_status_t ucx_send(tern_ep_t *bep, uint32_t imm, const void *buf, siz
     return op_launched(op);
 }
 
+/*
+ * A small send whose header goes into the room the caller left for it
+ * (attr.inline_prefix), handed to UCX with FORCE_IMM_CMPL: UCX either sends
+ * it before returning or refuses it (UCS_ERR_NO_RESOURCE), so no op, no
+ * request parameters and no completion are needed. Refused, or behind ops of
+ * the endpoint still in flight (which it must not overtake on the wire), it
+ * goes the way of any send, copied into an op.
+ */
+static tern_status_t ucx_send_inline(tern_ep_t *bep, uint32_t imm, void *buf, size_t len)
+{
+    ucx_ep_t *ep = to_ucx_ep(bep);
+    uint8_t *m = buf;
+
+    if (link_empty(&ep->ops) && !ep->destroying && !ep->lost && ep->uep != NULL) {
+        ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FLAG_FORCE_IMM_CMPL};
+        hdr_write(m, ep, MSG_SEND, 0, imm, len);
+        ucs_status_ptr_t sp = ucp_am_send_nbx(ep->uep, AM_ID, NULL, 0, m, MSG_HDR_LEN + len, &p);
+        if (sp == NULL) {
+            ep->tx_seq++;
+            return TERN_OK;
+        }
+        if (UCS_PTR_IS_PTR(sp)) {
+            /* FORCE_IMM_CMPL promises no request; should UCX return one all
+             * the same, it may still read buf, which is the caller's again
+             * once this returns: wait for it here. */
+            while (ucp_request_check_status(sp) == UCS_INPROGRESS)
+                ucp_worker_progress(ep->tp->worker);
+            ucp_request_free(sp);
+            ep->tx_seq++;
+            return TERN_OK;
+        }
+        if (UCS_PTR_STATUS(sp) != UCS_ERR_NO_RESOURCE)
+            return tern__error(status_of(UCS_PTR_STATUS(sp)), "ucp_am_send_nbx of %zu bytes: %s",
+                               len, ucs_status_string(UCS_PTR_STATUS(sp)));
+    }
+    tern_status_t st = ucx_send(bep, imm, m + MSG_HDR_LEN, len, NULL);
+    return st == TERN_INPROGRESS ? TERN_OK : st;
+}
+
 /* ---- one-sided ---- */
 
 /* Bounds and access of a remote key, checked here because UCP checks
@@ -2807,6 +2847,7 @@ static tern_status_t ucx_open(const tern__tp_config_t *cfg, tern_transport_t **t
     describe_device(tp, config);
     tp->base.attr.max_send = MAX_SEND;
     tp->base.attr.max_inline = MSG_INLINE; /* copied into the op (am_post) */
+    tp->base.attr.inline_prefix = MSG_HDR_LEN;
     tp->base.attr.max_put = MAX_PUT;
     tp->base.attr.addr_len = tp->addr_len;
     tern_debug("ucx: open on %s, address %zu bytes", tp->base.attr.device, tp->addr_len);
@@ -2867,6 +2908,7 @@ const tern__tp_ops_t tern__ucx_ops = {
     .ep_create = ucx_ep_create,
     .ep_destroy = ucx_ep_destroy,
     .send = ucx_send,
+    .send_inline = ucx_send_inline,
     .put = ucx_put,
     .get = ucx_get,
     .mr_reg = ucx_mr_reg,
