@@ -82,7 +82,9 @@ typedef struct tern__tp_ops {
     tern_status_t (*send)(tern_ep_t *ep, uint32_t imm, const void *buf, size_t len,
                           const tern_op_params_t *params);
     /* Optional (NULL: transport.c calls send with the payload, which needs
-     * an inline_prefix of 0). Checked already: len <= attr.max_inline. */
+     * an inline_prefix of 0). Checked already: len <= attr.max_inline.
+     * TERN_INPROGRESS (a send the provider copied and queued) counts as
+     * TERN_OK to the caller. */
     tern_status_t (*send_inline)(tern_ep_t *ep, uint32_t imm, void *buf, size_t len);
     tern_status_t (*put)(tern_ep_t *ep, const void *buf, size_t len, uint64_t raddr,
                          tern_rkey_t *rkey, const tern_op_params_t *params);

@@ -345,10 +345,12 @@ tern_status_t tern_ep_send_inline(tern_ep_t *ep, uint32_t imm, void *buf, size_t
         return tern__error(TERN_ERR_INVALID_PARAM,
                            "tern_ep_send_inline: %zu bytes exceeds the inline limit %zu", len,
                            ep->tp->attr.max_inline);
-    if (ep->tp->ops->send_inline != NULL)
-        return ep->tp->ops->send_inline(ep, imm, buf, len);
-    tern_status_t st = ep->tp->ops->send(ep, imm, (uint8_t *)buf + ep->tp->attr.inline_prefix,
-                                         len, NULL);
+    const tern__tp_ops_t *ops = ep->tp->ops;
+    tern_status_t st =
+        ops->send_inline != NULL
+            ? ops->send_inline(ep, imm, buf, len)
+            : ops->send(ep, imm, (uint8_t *)buf + ep->tp->attr.inline_prefix, len, NULL);
+    /* An inline payload is copied as it is posted: nothing is left to wait for. */
     return st == TERN_INPROGRESS ? TERN_OK : st;
 }
 

@@ -2207,15 +2207,14 @@ static tern_status_t ucx_send_inline(tern_ep_t *bep, uint32_t imm, void *buf, si
 {
     ucx_ep_t *ep = to_ucx_ep(bep);
     uint8_t *m = buf;
+    tern_status_t st;
 
-    if (link_empty(&ep->ops) && !ep->destroying && !ep->lost && ep->uep != NULL) {
+    if ((st = ep_check(ep, "tern_ep_send_inline")) != TERN_OK)
+        return st;
+    if (link_empty(&ep->ops)) {
         ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FLAG_FORCE_IMM_CMPL};
         hdr_write(m, ep, MSG_SEND, 0, imm, len);
         ucs_status_ptr_t sp = ucp_am_send_nbx(ep->uep, AM_ID, NULL, 0, m, MSG_HDR_LEN + len, &p);
-        if (sp == NULL) {
-            ep->tx_seq++;
-            return TERN_OK;
-        }
         if (UCS_PTR_IS_PTR(sp)) {
             /* FORCE_IMM_CMPL promises no request; should UCX return one all
              * the same, it may still read buf, which is the caller's again
@@ -2223,6 +2222,8 @@ static tern_status_t ucx_send_inline(tern_ep_t *bep, uint32_t imm, void *buf, si
             while (ucp_request_check_status(sp) == UCS_INPROGRESS)
                 ucp_worker_progress(ep->tp->worker);
             ucp_request_free(sp);
+        }
+        if (!UCS_PTR_IS_ERR(sp)) {
             ep->tx_seq++;
             return TERN_OK;
         }
@@ -2230,8 +2231,7 @@ static tern_status_t ucx_send_inline(tern_ep_t *bep, uint32_t imm, void *buf, si
             return tern__error(status_of(UCS_PTR_STATUS(sp)), "ucp_am_send_nbx of %zu bytes: %s",
                                len, ucs_status_string(UCS_PTR_STATUS(sp)));
     }
-    tern_status_t st = ucx_send(bep, imm, m + MSG_HDR_LEN, len, NULL);
-    return st == TERN_INPROGRESS ? TERN_OK : st;
+    return ucx_send(bep, imm, m + MSG_HDR_LEN, len, NULL);
 }
 
 /* ---- one-sided ---- */
