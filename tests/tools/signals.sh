@@ -2,8 +2,18 @@
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 
+# Empty the output files before a background start: the job's own redirection
+# truncates them only once its shell gets to run, and until then wait_for
+# would count the previous job's "ready" lines and signal a job that has not
+# set up its handlers yet (seen once in 300 runs under ctest -j2).
+fresh() {
+    : >"$TMP/out"
+    : >"$TMP/err"
+}
+
 # start ARGS...: run tern-run in the background; its pid in $job.
 start() {
+    fresh
     "$RUN" "$@" >"$TMP/out" 2>"$TMP/err" &
     job=$!
 }
@@ -57,6 +67,7 @@ gone "$(pid_in "$TMP/rank.1.pid")" || fail "rank 1 survived SIGTERM"
 # SIGINT (Ctrl-C): a background job of a non-interactive shell starts with
 # SIGINT ignored, so give tern-run the default action as a terminal would.
 if env --default-signal=INT true 2>/dev/null; then
+    fresh
     env --default-signal=INT "$RUN" -n 2 "$PROBE" waitsig >"$TMP/out" 2>"$TMP/err" &
     job=$!
     wait_for "$TMP/out" 'ready$' 2 10
@@ -70,6 +81,7 @@ fi
 
 # A signal ignored when tern-run starts (as under nohup) stays ignored, for
 # tern-run and the ranks: the job goes on.
+fresh
 (trap '' HUP && exec "$RUN" -n 2 "$PROBE" waitsig echo finished) >"$TMP/out" 2>"$TMP/err" &
 job=$!
 wait_for "$TMP/out" 'ready$' 2 10
