@@ -240,16 +240,23 @@ static uint64_t msg_seq(tern__comm_t *comm, int src, uint32_t imm)
     return seq;
 }
 
-/* Count consumed eager bytes from src; hand credit back in batches. */
-static void consumed(tern__comm_t *comm, int src, size_t bytes)
+/* Hand src the credit of the eager bytes consumed since the last time. */
+static void credit_return(tern__comm_t *comm, int src)
+{
+    uint8_t msg[8];
+    tern__put_le64(msg, comm->consumed[src]);
+    comm->consumed[src] = 0;
+    send_ctrl(comm, src, CTRL_CREDIT, msg, sizeof(msg));
+}
+
+/* Count consumed eager bytes from src; hand credit back in batches. Inline,
+ * like the other steps of a small receive's delivery (on_eager): their calls
+ * were a measurable part of a shared-memory message's instructions. */
+static inline void consumed(tern__comm_t *comm, int src, size_t bytes)
 {
     comm->consumed[src] += bytes;
-    if (comm->consumed[src] >= comm->credit_per_peer / 4) {
-        uint8_t msg[8];
-        tern__put_le64(msg, comm->consumed[src]);
-        comm->consumed[src] = 0;
-        send_ctrl(comm, src, CTRL_CREDIT, msg, sizeof(msg));
-    }
+    if (comm->consumed[src] >= comm->credit_per_peer / 4)
+        credit_return(comm, src);
 }
 
 /* A communicator that is gone (tern__p2p_drop_cid): its id is on the list. */
@@ -309,23 +316,27 @@ static void req_maybe_free(tern_request_t *req)
 
 /* ---- receiving ---- */
 
-/* Copy an eager payload into buf[0..cap); credit it back; tell a truncated
- * sender. Returns TERN_OK or TERN_ERR_TRUNCATED. */
-static tern_status_t copy_eager(tern__comm_t *comm, void *buf, size_t cap, int src, int tag,
-                                const uint8_t *data, size_t len)
+/* Tell the sender of a len-byte eager message that it did not fit in cap. */
+static tern_status_t truncated(tern__comm_t *comm, size_t cap, int src, int tag, size_t len)
 {
-    size_t n = len < cap ? len : cap;
-    if (n > 0)
-        memcpy(buf, data, n);
-    consumed(comm, src, len);
-    if (len <= cap)
-        return TERN_OK;
     uint8_t msg[20];
     tern__put_le32(msg, (uint32_t)tag);
     tern__put_le64(msg + 4, len);
     tern__put_le64(msg + 12, cap);
     send_ctrl(comm, src, CTRL_NACK, msg, sizeof(msg));
     return TERN_ERR_TRUNCATED;
+}
+
+/* Copy an eager payload into buf[0..cap); credit it back; tell a truncated
+ * sender. Returns TERN_OK or TERN_ERR_TRUNCATED. */
+static inline tern_status_t copy_eager(tern__comm_t *comm, void *buf, size_t cap, int src, int tag,
+                                       const uint8_t *data, size_t len)
+{
+    size_t n = len < cap ? len : cap;
+    if (n > 0)
+        memcpy(buf, data, n);
+    consumed(comm, src, len);
+    return len <= cap ? TERN_OK : truncated(comm, cap, src, tag, len);
 }
 
 /* Two ends of one collective message that belong to calls that differ
@@ -348,8 +359,8 @@ static tern_status_t shape_mismatch(const char *dir, int peer, int tag)
 /* An eager message of another call (its signature differs) is credited back
  * and dropped; the receive fails, and the collective's ABORT tells the
  * sender, whose send completed as it was posted. */
-static void deliver_eager(tern__comm_t *comm, tern_request_t *req, int src, int tag, uint64_t seq,
-                          uint32_t shape, const uint8_t *data, size_t len)
+static inline void deliver_eager(tern__comm_t *comm, tern_request_t *req, int src, int tag,
+                                 uint64_t seq, uint32_t shape, const uint8_t *data, size_t len)
 {
     req->info = (tern_msg_info_t){.source = src, .tag = tag, .len = len};
     req->seq = seq;
@@ -637,7 +648,8 @@ static void on_eager(tern__comm_t *comm, const tern_event_t *ev, void *arg)
     uint64_t seq = msg_seq(comm, src, ev->imm);
     tern_request_t *req = take_posted(comm, cid, src, tag);
     if (req != NULL) {
-        rtr_withdraw(comm, req, true);
+        if (req->rtr)
+            rtr_withdraw(comm, req, true);
         deliver_eager(comm, req, src, tag, seq, shape, p + hdr, len);
         return;
     }
@@ -1045,7 +1057,8 @@ static void on_control(tern__comm_t *comm, const tern_event_t *ev, void *arg)
 
 /* ---- posting ---- */
 
-static tern_status_t check_send(tern__comm_t *comm, const void *buf, size_t len, int dst, int tag)
+static inline tern_status_t check_send(tern__comm_t *comm, const void *buf, size_t len, int dst,
+                                       int tag)
 {
     if ((buf == NULL && len > 0) || tag < 0)
         return tern__error(TERN_ERR_INVALID_PARAM, "send: %s",
@@ -1127,42 +1140,61 @@ void tern__p2p_rtr_tick(tern__comm_t *comm, uint64_t now)
     }
 }
 
-/* An eager send (lock held, eager_fits): the payload is copied out, so the
- * send is complete when this returns TERN_OK. A message the transport copies
- * as it posts (attr.max_inline) is built on the stack after the room the
- * transport wants for its own header (tern_ep_send_inline): no bounce
- * buffer, which on shared memory was a tenth of a small message's cost, and
- * nothing for the transport to gather or keep. */
-static tern_status_t send_eager(tern__comm_t *comm, uint32_t cid, const void *buf, size_t len,
-                                int dst, int tag, uint32_t shape, uint64_t *seq)
+/* The eager header {cid, tag} and a collective's shape, then the payload. */
+static inline void eager_build(uint8_t *msg, uint32_t cid, int tag, uint32_t shape, const void *buf,
+                               size_t len)
 {
-    const size_t hdr = eager_hdr(cid), n = hdr + len;
-    const bool inl = n <= comm->attr.max_inline && n <= BOUNCE_SMALL;
-    uint8_t stack[TERN_INLINE_PREFIX_MAX + BOUNCE_SMALL];
-    bounce_t *b = NULL;
-    uint8_t *msg;
-    tern_status_t st;
-    if (inl) {
-        msg = stack + comm->attr.inline_prefix;
-    } else {
-        if ((b = bounce_new(comm, n)) == NULL)
-            return tern__error(TERN_ERR_NO_MEMORY, "send: no memory for %zu bytes", len);
-        msg = b->data;
-    }
     tern__put_le32(msg, cid);
     tern__put_le32(msg + 4, (uint32_t)tag);
     if (cid != 0)
         tern__put_le32(msg + EAGER_HDR, shape);
     if (len)
-        memcpy(msg + hdr, buf, len);
+        memcpy(msg + eager_hdr(cid), buf, len);
+}
+
+/* Whether an eager message of len payload bytes goes by tern_ep_send_inline. */
+static inline bool eager_inline(const tern__comm_t *comm, uint32_t cid, size_t len)
+{
+    const size_t n = eager_hdr(cid) + len;
+    return n <= comm->attr.max_inline && n <= BOUNCE_SMALL;
+}
+
+/* An eager send the transport copies as it posts (lock held, eager_fits,
+ * eager_inline): built on the stack after the room the transport wants for
+ * its own header (tern_ep_send_inline): no bounce buffer, which on shared
+ * memory was a tenth of a small message's cost, and nothing for the
+ * transport to gather or keep. Inline in the blocking send: its calls were
+ * a measurable part of a shared-memory message's instructions. */
+static inline tern_status_t send_eager_inline(tern__comm_t *comm, uint32_t cid, const void *buf,
+                                              size_t len, int dst, int tag, uint32_t shape,
+                                              uint64_t *seq)
+{
+    uint8_t stack[TERN_INLINE_PREFIX_MAX + BOUNCE_SMALL];
+    tern_ep_t *ep;
+    eager_build(stack + comm->attr.inline_prefix, cid, tag, shape, buf, len);
     const uint32_t imm = msg_imm(comm, TERN_IMM_P2P_EAGER, dst, seq);
-    if (inl) {
-        tern_ep_t *ep;
-        if ((st = tern__comm_ep(comm, dst, &ep)) == TERN_OK)
-            st = tern_ep_send_inline(ep, imm, stack, n);
-    } else {
-        st = send_msg(comm, dst, imm, msg, n, b);
-    }
+    tern_status_t st = tern__comm_ep(comm, dst, &ep);
+    if (st == TERN_OK)
+        st = tern_ep_send_inline(ep, imm, stack, eager_hdr(cid) + len);
+    if (st == TERN_OK)
+        comm->credits[dst] -= (int64_t)len;
+    return st;
+}
+
+/* An eager send (lock held, eager_fits): the payload is copied out, so the
+ * send is complete when this returns TERN_OK. */
+static tern_status_t send_eager(tern__comm_t *comm, uint32_t cid, const void *buf, size_t len,
+                                int dst, int tag, uint32_t shape, uint64_t *seq)
+{
+    if (eager_inline(comm, cid, len))
+        return send_eager_inline(comm, cid, buf, len, dst, tag, shape, seq);
+    const size_t n = eager_hdr(cid) + len;
+    bounce_t *b = bounce_new(comm, n);
+    if (b == NULL)
+        return tern__error(TERN_ERR_NO_MEMORY, "send: no memory for %zu bytes", len);
+    eager_build(b->data, cid, tag, shape, buf, len);
+    const uint32_t imm = msg_imm(comm, TERN_IMM_P2P_EAGER, dst, seq);
+    tern_status_t st = send_msg(comm, dst, imm, b->data, n, b);
     if (st == TERN_OK)
         comm->credits[dst] -= (int64_t)len;
     return st;
@@ -1669,7 +1701,8 @@ tern_status_t tern__p2p_send(tern__comm_t *comm, uint32_t cid, const void *buf, 
         return st;
     tern__comm_lock(comm);
     if (eager_fits(comm, cid, len, dst)) {
-        st = send_eager(comm, cid, buf, len, dst, tag, 0, seq);
+        st = eager_inline(comm, cid, len) ? send_eager_inline(comm, cid, buf, len, dst, tag, 0, seq)
+                                          : send_eager(comm, cid, buf, len, dst, tag, 0, seq);
         tern__comm_unlock(comm);
         return st;
     }

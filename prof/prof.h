@@ -37,8 +37,15 @@ uint32_t tern__prof_imm_bits(void);
 /* The config bits (tern_prof_flag) in force on this thread. */
 unsigned tern__prof_flags(void);
 
-/* A range of one of tern's own kinds (tern_prof_kind); 0 when not recording. */
-tern_prof_range_t tern__prof_begin(const char *name, unsigned kind);
+/* A range of one of tern's own kinds (tern_prof_kind); 0 when not recording.
+ * The check is inline: every blocking send and receive makes it, and a call
+ * into the recorder just to learn that it is off was a measurable part of a
+ * shared-memory message's instructions (docs/perf.md). */
+tern_prof_range_t tern__prof_begin_on(const char *name, unsigned kind);
+static inline tern_prof_range_t tern__prof_begin(const char *name, unsigned kind)
+{
+    return tern__prof_recording() ? tern__prof_begin_on(name, kind) : 0;
+}
 
 /* Mark a range as one end of a message (tern_prof_event_t's peer, dir, seq). */
 void tern__prof_range_msg(tern_prof_range_t range, int peer, unsigned dir, uint64_t seq);

@@ -569,10 +569,8 @@ tern_prof_range_t tern_prof_range_begin(const char *name)
     return range_begin(name, TERN_PROF_KIND_RANGE);
 }
 
-tern_prof_range_t tern__prof_begin(const char *name, unsigned kind)
+tern_prof_range_t tern__prof_begin_on(const char *name, unsigned kind)
 {
-    if (!tern__prof_recording())
-        return 0;
     return range_begin(name, kind);
 }
 

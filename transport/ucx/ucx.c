@@ -655,15 +655,22 @@ static ucs_status_ptr_t am_post(ucx_op_t *op, const void *buf, size_t len, uint3
     return sp;
 }
 
-/* Whether ops may be posted on ep now. */
-static tern_status_t ep_check(const ucx_ep_t *ep, const char *what)
+/* Why ops may not be posted on ep (ep_check failed). */
+static tern_status_t ep_refusal(const ucx_ep_t *ep, const char *what)
 {
     if (ep->destroying)
         return tern__error(TERN_ERR_CANCELED, "%s: the endpoint to peer %u is being destroyed",
                            what, ep->base.peer);
-    if (ep->lost || ep->uep == NULL)
-        return tern__error(TERN_ERR_PEER_LOST, "%s: peer %u is lost (%s)", what, ep->base.peer,
-                           ucs_status_string(ep->lost_status));
+    return tern__error(TERN_ERR_PEER_LOST, "%s: peer %u is lost (%s)", what, ep->base.peer,
+                       ucs_status_string(ep->lost_status));
+}
+
+/* Whether ops may be posted on ep now. Inline, the error out of line: it is
+ * on every send's path. */
+static inline tern_status_t ep_check(const ucx_ep_t *ep, const char *what)
+{
+    if (ep->destroying || ep->lost || ep->uep == NULL)
+        return ep_refusal(ep, what);
     return TERN_OK;
 }
 
@@ -2212,7 +2219,7 @@ static tern_status_t ucx_send_inline(tern_ep_t *bep, uint32_t imm, void *buf, si
     if ((st = ep_check(ep, "tern_ep_send_inline")) != TERN_OK)
         return st;
     if (link_empty(&ep->ops)) {
-        ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FLAG_FORCE_IMM_CMPL};
+        static const ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FLAG_FORCE_IMM_CMPL};
         hdr_write(m, ep, MSG_SEND, 0, imm, len);
         ucs_status_ptr_t sp = ucp_am_send_nbx(ep->uep, AM_ID, NULL, 0, m, MSG_HDR_LEN + len, &p);
         if (UCS_PTR_IS_PTR(sp)) {
