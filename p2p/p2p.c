@@ -1163,9 +1163,8 @@ static inline bool eager_inline(const tern__comm_t *comm, uint32_t cid, size_t l
  * eager_inline): built on the stack after the room the transport wants for
  * its own header (tern_ep_send_inline): no bounce buffer, which on shared
  * memory was a tenth of a small message's cost, and nothing for the
- * transport to gather or keep. Inline in the blocking send: its calls were
- * a measurable part of a shared-memory message's instructions. */
-static inline tern_status_t send_eager_inline(tern__comm_t *comm, uint32_t cid, const void *buf,
+ * transport to gather or keep. */
+static tern_status_t send_eager_inline(tern__comm_t *comm, uint32_t cid, const void *buf,
                                               size_t len, int dst, int tag, uint32_t shape,
                                               uint64_t *seq)
 {
@@ -1181,13 +1180,11 @@ static inline tern_status_t send_eager_inline(tern__comm_t *comm, uint32_t cid, 
     return st;
 }
 
-/* An eager send (lock held, eager_fits): the payload is copied out, so the
- * send is complete when this returns TERN_OK. */
-static tern_status_t send_eager(tern__comm_t *comm, uint32_t cid, const void *buf, size_t len,
-                                int dst, int tag, uint32_t shape, uint64_t *seq)
+/* An eager send too large for that, from a bounce buffer (lock held,
+ * eager_fits). */
+static tern_status_t send_eager_bounce(tern__comm_t *comm, uint32_t cid, const void *buf,
+                                       size_t len, int dst, int tag, uint32_t shape, uint64_t *seq)
 {
-    if (eager_inline(comm, cid, len))
-        return send_eager_inline(comm, cid, buf, len, dst, tag, shape, seq);
     const size_t n = eager_hdr(cid) + len;
     bounce_t *b = bounce_new(comm, n);
     if (b == NULL)
@@ -1198,6 +1195,17 @@ static tern_status_t send_eager(tern__comm_t *comm, uint32_t cid, const void *bu
     if (st == TERN_OK)
         comm->credits[dst] -= (int64_t)len;
     return st;
+}
+
+/* An eager send (lock held, eager_fits): the payload is copied out, so the
+ * send is complete when this returns TERN_OK. Inline, so that a small send
+ * goes straight to send_eager_inline: a call less on a shared-memory
+ * message's path. */
+static inline tern_status_t send_eager(tern__comm_t *comm, uint32_t cid, const void *buf,
+                                       size_t len, int dst, int tag, uint32_t shape, uint64_t *seq)
+{
+    return eager_inline(comm, cid, len) ? send_eager_inline(comm, cid, buf, len, dst, tag, shape, seq)
+                                        : send_eager_bounce(comm, cid, buf, len, dst, tag, shape, seq);
 }
 
 tern_status_t tern__p2p_isend(tern__comm_t *comm, uint32_t cid, const void *buf, size_t len,
@@ -1701,8 +1709,7 @@ tern_status_t tern__p2p_send(tern__comm_t *comm, uint32_t cid, const void *buf, 
         return st;
     tern__comm_lock(comm);
     if (eager_fits(comm, cid, len, dst)) {
-        st = eager_inline(comm, cid, len) ? send_eager_inline(comm, cid, buf, len, dst, tag, 0, seq)
-                                          : send_eager(comm, cid, buf, len, dst, tag, 0, seq);
+        st = send_eager(comm, cid, buf, len, dst, tag, 0, seq);
         tern__comm_unlock(comm);
         return st;
     }
