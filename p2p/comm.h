@@ -17,6 +17,7 @@
 #include <tern/store.h>
 #include <tern/transport.h>
 
+#include "core/lock.h"
 #include "prof/prof.h"
 
 typedef struct tern__comm tern__comm_t;
@@ -89,7 +90,7 @@ struct tern__comm {
     unsigned rank, world;
     tern_transport_t *tp;
     tern_transport_attr_t attr;
-    pthread_mutex_t lock;
+    tern__lock_t lock;        /* core/lock.h: inlined, the hot path takes it twice a message */
     pthread_cond_t idle_cv;   /* the progress thread sleeps on it while a waiter spins */
     pthread_mutex_t idle_lock; /* idle_cv's */
     pthread_t thread;
@@ -177,11 +178,11 @@ tern__comm_t *tern__comm(tern_ctx_t *ctx);
 /* comm->lock, through these only. */
 static inline bool tern__comm_trylock(tern__comm_t *comm)
 {
-    return pthread_mutex_trylock(&comm->lock) == 0;
+    return tern__lock_try(&comm->lock);
 }
 static inline void tern__comm_unlock(tern__comm_t *comm)
 {
-    pthread_mutex_unlock(&comm->lock);
+    tern__lock_give(&comm->lock);
 }
 
 /* Take comm->lock (every user of it but the wait loop, which holds it across
@@ -192,7 +193,7 @@ static inline void tern__comm_lock(tern__comm_t *comm)
     if (tern__comm_trylock(comm))
         return;
     atomic_fetch_add_explicit(&comm->lock_wanted, 1, memory_order_relaxed);
-    pthread_mutex_lock(&comm->lock);
+    tern__lock_take(&comm->lock);
     atomic_fetch_sub_explicit(&comm->lock_wanted, 1, memory_order_relaxed);
 }
 

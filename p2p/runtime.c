@@ -252,7 +252,6 @@ static void comm_free(tern__comm_t *comm)
     tern__p2p_free_caches(comm);
     pthread_cond_destroy(&comm->idle_cv);
     pthread_mutex_destroy(&comm->idle_lock);
-    pthread_mutex_destroy(&comm->lock);
     free(comm->eps);
     free(comm->peer_failed);
     free(comm);
@@ -281,7 +280,7 @@ static tern_status_t comm_open(tern_ctx_t *ctx)
     cpu_set_t cpus;
     if (sched_getaffinity(0, sizeof(cpus), &cpus) == 0)
         comm->yield_idle = tern_ctx_local_world_size(ctx) > (unsigned)CPU_COUNT(&cpus);
-    pthread_mutex_init(&comm->lock, NULL);
+    atomic_init(&comm->lock.v, 0);
     pthread_cond_init(&comm->idle_cv, NULL);
     pthread_mutex_init(&comm->idle_lock, NULL);
     comm->eps = calloc(comm->world, sizeof(*comm->eps));
