@@ -18,13 +18,11 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 
-/* 0 free, 1 held, 2 held and maybe a thread asleep on it (Drepper, "Futexes
- * Are Tricky", mutex 2). */
+/* 0 free, 1 held, 2 held and maybe a thread asleep on it: the three-state
+ * mutex of Drepper's "Futexes Are Tricky", given back by an exchange. */
 typedef struct tern__lock {
     atomic_int v;
 } tern__lock_t;
-
-#define TERN__LOCK_INIT {0}
 
 void tern__lock_sleep(tern__lock_t *l); /* the contended take (lock.c) */
 void tern__lock_wake(tern__lock_t *l);  /* wake one sleeper (lock.c) */

@@ -175,6 +175,12 @@ struct tern__comm {
 /* The comm of a context (after tern_init). */
 tern__comm_t *tern__comm(tern_ctx_t *ctx);
 
+/* A step of a small message's path, inlined into its caller whatever the
+ * compiler's size heuristics say: on shared memory the calls themselves
+ * (prologues, epilogues, argument moves) were a fifth of tern's instructions
+ * per message (docs/perf.md). */
+#define TERN__HOT static inline __attribute__((always_inline))
+
 /* comm->lock, through these only. */
 static inline bool tern__comm_trylock(tern__comm_t *comm)
 {
@@ -293,11 +299,5 @@ bool tern__p2p_cancel(tern__comm_t *comm, tern_request_t *req);
  * back and rendezvous senders told (FIN, TERN_ERR_CANCELED), and so is what
  * comes for it later. Only a failed call leaves any. */
 void tern__p2p_drop_cid(tern__comm_t *comm, uint32_t cid);
-/* Blocking forms, without a request where the message is eager; *seq gets
- * the message's number (for the profiler). */
-tern_status_t tern__p2p_send(tern__comm_t *comm, uint32_t cid, const void *buf, size_t len,
-                             int dst, int tag, uint64_t *seq);
-tern_status_t tern__p2p_recv(tern__comm_t *comm, uint32_t cid, void *buf, size_t cap, int src,
-                             int tag, tern_msg_info_t *info, uint64_t *seq);
 
 #endif

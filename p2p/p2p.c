@@ -249,10 +249,8 @@ static void credit_return(tern__comm_t *comm, int src)
     send_ctrl(comm, src, CTRL_CREDIT, msg, sizeof(msg));
 }
 
-/* Count consumed eager bytes from src; hand credit back in batches. Inline,
- * like the other steps of a small receive's delivery (on_eager): their calls
- * were a measurable part of a shared-memory message's instructions. */
-static inline void consumed(tern__comm_t *comm, int src, size_t bytes)
+/* Count consumed eager bytes from src; hand credit back in batches. */
+TERN__HOT void consumed(tern__comm_t *comm, int src, size_t bytes)
 {
     comm->consumed[src] += bytes;
     if (comm->consumed[src] >= comm->credit_per_peer / 4)
@@ -329,8 +327,8 @@ static tern_status_t truncated(tern__comm_t *comm, size_t cap, int src, int tag,
 
 /* Copy an eager payload into buf[0..cap); credit it back; tell a truncated
  * sender. Returns TERN_OK or TERN_ERR_TRUNCATED. */
-static inline tern_status_t copy_eager(tern__comm_t *comm, void *buf, size_t cap, int src, int tag,
-                                       const uint8_t *data, size_t len)
+TERN__HOT tern_status_t copy_eager(tern__comm_t *comm, void *buf, size_t cap, int src, int tag,
+                                   const uint8_t *data, size_t len)
 {
     size_t n = len < cap ? len : cap;
     if (n > 0)
@@ -359,8 +357,8 @@ static tern_status_t shape_mismatch(const char *dir, int peer, int tag)
 /* An eager message of another call (its signature differs) is credited back
  * and dropped; the receive fails, and the collective's ABORT tells the
  * sender, whose send completed as it was posted. */
-static inline void deliver_eager(tern__comm_t *comm, tern_request_t *req, int src, int tag,
-                                 uint64_t seq, uint32_t shape, const uint8_t *data, size_t len)
+TERN__HOT void deliver_eager(tern__comm_t *comm, tern_request_t *req, int src, int tag,
+                             uint64_t seq, uint32_t shape, const uint8_t *data, size_t len)
 {
     req->info = (tern_msg_info_t){.source = src, .tag = tag, .len = len};
     req->seq = seq;
@@ -553,7 +551,7 @@ static tern_request_t *unlink_posted(tern__comm_t *comm, tern_request_t **pp, te
 }
 
 /* The first posted receive matching an arrival, unlinked. */
-static tern_request_t *take_posted(tern__comm_t *comm, uint32_t cid, int src, int tag)
+TERN__HOT tern_request_t *take_posted(tern__comm_t *comm, uint32_t cid, int src, int tag)
 {
     tern_request_t **pp, *prev = NULL;
     for (pp = &comm->posted_head; *pp != NULL; prev = *pp, pp = &(*pp)->next)
@@ -1057,8 +1055,8 @@ static void on_control(tern__comm_t *comm, const tern_event_t *ev, void *arg)
 
 /* ---- posting ---- */
 
-static inline tern_status_t check_send(tern__comm_t *comm, const void *buf, size_t len, int dst,
-                                       int tag)
+TERN__HOT tern_status_t check_send(tern__comm_t *comm, const void *buf, size_t len, int dst,
+                                   int tag)
 {
     if ((buf == NULL && len > 0) || tag < 0)
         return tern__error(TERN_ERR_INVALID_PARAM, "send: %s",
@@ -1141,8 +1139,8 @@ void tern__p2p_rtr_tick(tern__comm_t *comm, uint64_t now)
 }
 
 /* The eager header {cid, tag} and a collective's shape, then the payload. */
-static inline void eager_build(uint8_t *msg, uint32_t cid, int tag, uint32_t shape, const void *buf,
-                               size_t len)
+TERN__HOT void eager_build(uint8_t *msg, uint32_t cid, int tag, uint32_t shape, const void *buf,
+                           size_t len)
 {
     tern__put_le32(msg, cid);
     tern__put_le32(msg + 4, (uint32_t)tag);
@@ -1153,7 +1151,7 @@ static inline void eager_build(uint8_t *msg, uint32_t cid, int tag, uint32_t sha
 }
 
 /* Whether an eager message of len payload bytes goes by tern_ep_send_inline. */
-static inline bool eager_inline(const tern__comm_t *comm, uint32_t cid, size_t len)
+TERN__HOT bool eager_inline(const tern__comm_t *comm, uint32_t cid, size_t len)
 {
     const size_t n = eager_hdr(cid) + len;
     return n <= comm->attr.max_inline && n <= BOUNCE_SMALL;
@@ -1164,9 +1162,9 @@ static inline bool eager_inline(const tern__comm_t *comm, uint32_t cid, size_t l
  * its own header (tern_ep_send_inline): no bounce buffer, which on shared
  * memory was a tenth of a small message's cost, and nothing for the
  * transport to gather or keep. */
-static tern_status_t send_eager_inline(tern__comm_t *comm, uint32_t cid, const void *buf,
-                                              size_t len, int dst, int tag, uint32_t shape,
-                                              uint64_t *seq)
+TERN__HOT tern_status_t send_eager_inline(tern__comm_t *comm, uint32_t cid, const void *buf,
+                                          size_t len, int dst, int tag, uint32_t shape,
+                                          uint64_t *seq)
 {
     uint8_t stack[TERN_INLINE_PREFIX_MAX + BOUNCE_SMALL];
     tern_ep_t *ep;
@@ -1198,11 +1196,9 @@ static tern_status_t send_eager_bounce(tern__comm_t *comm, uint32_t cid, const v
 }
 
 /* An eager send (lock held, eager_fits): the payload is copied out, so the
- * send is complete when this returns TERN_OK. Inline, so that a small send
- * goes straight to send_eager_inline: a call less on a shared-memory
- * message's path. */
-static inline tern_status_t send_eager(tern__comm_t *comm, uint32_t cid, const void *buf,
-                                       size_t len, int dst, int tag, uint32_t shape, uint64_t *seq)
+ * send is complete when this returns TERN_OK. */
+TERN__HOT tern_status_t send_eager(tern__comm_t *comm, uint32_t cid, const void *buf, size_t len,
+                                   int dst, int tag, uint32_t shape, uint64_t *seq)
 {
     return eager_inline(comm, cid, len) ? send_eager_inline(comm, cid, buf, len, dst, tag, shape, seq)
                                         : send_eager_bounce(comm, cid, buf, len, dst, tag, shape, seq);
@@ -1350,9 +1346,9 @@ void tern__p2p_drop_cid(tern__comm_t *comm, uint32_t cid)
 /* Post a receive (lock held) given the first matching unexpected message u
  * (NULL if none; prev before it, as find_unexp gives them): it takes u, or
  * waits in the posted list. */
-static tern_status_t irecv_post(tern__comm_t *comm, uint32_t cid, void *buf, size_t cap, int src,
-                                int tag, unsigned flags, uint32_t shape, unexp_t *u, unexp_t *prev,
-                                tern_request_t **req_out)
+TERN__HOT tern_status_t irecv_post(tern__comm_t *comm, uint32_t cid, void *buf, size_t cap, int src,
+                                   int tag, unsigned flags, uint32_t shape, unexp_t *u,
+                                   unexp_t *prev, tern_request_t **req_out)
 {
     tern_request_t *req;
 
@@ -1699,9 +1695,11 @@ tern_status_t tern_irecv(tern_ctx_t *ctx, void *buf, size_t cap, int src, int ta
  * it is posted, and a receive whose eager message is already here completes
  * as it is matched. That saves a request and a round of the lock per call,
  * which on shared memory is a noticeable part of a small message's latency.
+ * Both are inlined, with the steps of a small message below them
+ * (TERN__HOT), into tern_send and tern_recv.
  */
-tern_status_t tern__p2p_send(tern__comm_t *comm, uint32_t cid, const void *buf, size_t len,
-                             int dst, int tag, uint64_t *seq)
+TERN__HOT tern_status_t p2p_send(tern__comm_t *comm, uint32_t cid, const void *buf, size_t len,
+                                 int dst, int tag, uint64_t *seq)
 {
     tern_request_t *req;
     tern_status_t st = check_send(comm, buf, len, dst, tag);
@@ -1721,10 +1719,10 @@ tern_status_t tern__p2p_send(tern__comm_t *comm, uint32_t cid, const void *buf, 
     return tern_request_wait(req, -1, NULL);
 }
 
-tern_status_t tern__p2p_recv(tern__comm_t *comm, uint32_t cid, void *buf, size_t cap, int src,
-                             int tag, tern_msg_info_t *info, uint64_t *seq)
+TERN__HOT tern_status_t p2p_recv(tern__comm_t *comm, uint32_t cid, void *buf, size_t cap, int src,
+                                 int tag, tern_msg_info_t *info, uint64_t *seq)
 {
-    tern_request_t *req;
+    tern_request_t *req = NULL; /* set where irecv_post succeeds */
     tern_status_t st = check_recv(comm, buf, cap, src, tag);
     if (st != TERN_OK)
         return st;
@@ -1763,7 +1761,7 @@ tern_status_t tern_send(tern_ctx_t *ctx, const void *buf, size_t len, int dst, i
         return TERN_ERR_INVALID_PARAM;
     tern_prof_range_t r = tern__prof_begin("send", TERN_PROF_KIND_P2P);
     uint64_t seq = 0;
-    tern_status_t st = tern__p2p_send(comm, 0, buf, len, dst, tag, &seq);
+    tern_status_t st = p2p_send(comm, 0, buf, len, dst, tag, &seq);
     if (r != 0) {
         tern_prof_range_bytes(r, st == TERN_OK ? len : 0);
         tern__prof_range_msg(r, dst, TERN_PROF_DIR_SEND, seq);
@@ -1781,7 +1779,7 @@ tern_status_t tern_recv(tern_ctx_t *ctx, void *buf, size_t cap, int src, int tag
     tern_prof_range_t r = tern__prof_begin("recv", TERN_PROF_KIND_P2P);
     tern_msg_info_t mine, *got = info ? info : &mine;
     uint64_t seq = 0;
-    tern_status_t st = tern__p2p_recv(comm, 0, buf, cap, src, tag, got, &seq);
+    tern_status_t st = p2p_recv(comm, 0, buf, cap, src, tag, got, &seq);
     if (r != 0) {
         tern_prof_range_bytes(r, st == TERN_OK ? got->len : 0);
         if (seq != 0)

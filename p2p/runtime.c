@@ -419,7 +419,7 @@ tern_status_t tern__req_release(tern__comm_t *comm, tern_request_t *req, tern_ms
  * A transport operation may still name it (one that failed early when its
  * peer was lost): then the protocol frees it when that operation ends.
  */
-static tern_status_t req_finish(tern__comm_t *comm, tern_request_t *req, tern_msg_info_t *info)
+TERN__HOT tern_status_t req_finish(tern__comm_t *comm, tern_request_t *req, tern_msg_info_t *info)
 {
     tern_status_t st = req->status;
     req_kind_t kind = req->kind;
@@ -610,8 +610,8 @@ bool tern__comm_wait(tern__comm_t *comm, atomic_int *done, int64_t timeout_ns)
     return wait_loop(comm, done, timeout_ns, false, false) != WAIT_TIMED_OUT;
 }
 
-static tern_status_t request_wait(tern_request_t *req, int64_t timeout_ns, tern_msg_info_t *info,
-                                  bool locked)
+TERN__HOT tern_status_t request_wait(tern_request_t *req, int64_t timeout_ns, tern_msg_info_t *info,
+                                     bool locked)
 {
     tern__comm_t *comm = req->comm;
     int done = 0;
