@@ -225,8 +225,22 @@ void tern__comm_set_handler(tern__comm_t *comm, tern_imm_class_t cls, tern__clas
 /* Return a request nobody names any more to the cache (lock held). */
 void tern__req_free(tern__comm_t *comm, tern_request_t *req);
 
-/* Mark req complete (lock held) and wake its waiter. */
-void tern__req_complete(tern_request_t *req, tern_status_t status);
+/* A profiled request's event ends (tern__req_complete). */
+void tern__req_prof_end(tern_request_t *req);
+
+/* Mark req complete (lock held) and wake its waiter. Inline: every matched
+ * small receive ends here. */
+static inline void tern__req_complete(tern_request_t *req, tern_status_t status)
+{
+    req->status = status;
+    if (req->seq_out != NULL)
+        *req->seq_out = req->seq;
+    if (req->prof.name != NULL) /* filed before done, as RPCs are */
+        tern__req_prof_end(req);
+    atomic_store_explicit(&req->done, 1, memory_order_release);
+    if (atomic_load_explicit(&req->comm->coll_active, memory_order_relaxed) != 0)
+        atomic_store_explicit(&req->comm->coll_kick, true, memory_order_relaxed);
+}
 
 /* Release an internal request the caller will not wait on through
  * tern_request_wait (lock held): returns its status and info, and frees it

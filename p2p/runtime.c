@@ -122,20 +122,12 @@ tern_status_t tern__comm_ep_open(tern__comm_t *comm, int r, tern_ep_t **ep)
     return st;
 }
 
-void tern__req_complete(tern_request_t *req, tern_status_t status)
+void tern__req_prof_end(tern_request_t *req)
 {
-    req->status = status;
-    if (req->seq_out != NULL)
-        *req->seq_out = req->seq;
-    if (req->prof.name != NULL) { /* filed before done, as RPCs are */
-        req->prof.seq = req->seq;
-        if (req->kind == REQ_RECV)
-            req->prof.peer = req->info.source; /* any source: the one it came from */
-        tern__prof_op_end(&req->prof, tern__req_bytes(req), NULL, 0);
-    }
-    atomic_store_explicit(&req->done, 1, memory_order_release);
-    if (atomic_load_explicit(&req->comm->coll_active, memory_order_relaxed) != 0)
-        atomic_store_explicit(&req->comm->coll_kick, true, memory_order_relaxed);
+    req->prof.seq = req->seq;
+    if (req->kind == REQ_RECV)
+        req->prof.peer = req->info.source; /* any source: the one it came from */
+    tern__prof_op_end(&req->prof, tern__req_bytes(req), NULL, 0);
 }
 
 void tern__comm_coll_poll(tern__comm_t *comm, bool check_time)

@@ -836,7 +836,7 @@ static void stream_rehash(ucx_tp_t *tp)
     free(ob);
 }
 
-static ucx_stream_t *stream_get(ucx_tp_t *tp, uint32_t src, uint32_t conn)
+static ucx_stream_t *stream_get_slow(ucx_tp_t *tp, uint32_t src, uint32_t conn)
 {
     ucx_stream_t *s = stream_find(tp, src, conn);
     size_t h;
@@ -855,6 +855,16 @@ static ucx_stream_t *stream_get(ucx_tp_t *tp, uint32_t src, uint32_t conn)
     if (++tp->nstreams > 2 * tp->nbuckets)
         stream_rehash(tp);
     return s;
+}
+
+/* The stream of (src, conn), made on its first message. Inline for the
+ * common case, the stream the last message came on. */
+static inline ucx_stream_t *stream_get(ucx_tp_t *tp, uint32_t src, uint32_t conn)
+{
+    ucx_stream_t *s = tp->last_stream;
+    if (s != NULL && s->src == src && s->conn == conn)
+        return s;
+    return stream_get_slow(tp, src, conn);
 }
 
 static void stream_dirty(ucx_tp_t *tp, ucx_stream_t *s)
