@@ -82,10 +82,15 @@ static const field_t fields[] = {
      .offset = OFF(tcp_sockbuf),
      .doc = "tcp provider: SO_SNDBUF/SO_RCVBUF of each connection; 0 leaves the kernel's "
             "autotuning"},
-    {.name = "TERN_TCP_ZCOPY", .group = "tern", .type = FIELD_SIZE, .dflt = "64k",
+    {.name = "TERN_TCP_ZCOPY", .group = "tern", .type = FIELD_SIZE, .dflt = "0",
      .offset = OFF(tcp_zcopy),
      .doc = "tcp provider: put payloads and get replies at least this large go to the socket "
-            "by vmsplice/splice, without a copy; 0 turns it off"},
+            "by vmsplice/splice, without a copy; 0 (the default) copies them"},
+    {.name = "TERN_TCP_WRITE_MAX", .group = "tern", .type = FIELD_SIZE, .dflt = "64k",
+     .offset = OFF(tcp_write_max),
+     .doc = "tcp provider: the most one write or splice hands a socket, rounded down to whole "
+            "TCP segments (at least one): smaller writes stream, where a large one is pushed out "
+            "in bursts; 0: no limit"},
     {.name = "TERN_UCX_CMA", .group = "tern", .type = FIELD_SIZE, .dflt = "128k",
      .offset = OFF(ucx_cma),
      .doc = "ucx provider: host-memory puts and gets at least this large to a peer process on "

@@ -48,6 +48,7 @@ typedef struct tern__config {
     int64_t poll_spin_ns;
     uint64_t tcp_sockbuf;
     uint64_t tcp_zcopy;
+    uint64_t tcp_write_max;
     uint64_t ucx_cma;
     uint64_t eager_limit;
     uint64_t unexpected_max;

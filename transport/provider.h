@@ -27,6 +27,7 @@ typedef struct tern__tp_config {
     const char *peer_hint; /* NULL or a host the peers are reached through (MASTER_ADDR) */
     size_t tcp_sockbuf;    /* TERN_TCP_SOCKBUF; 0: kernel default */
     size_t tcp_zcopy;      /* TERN_TCP_ZCOPY; 0: off */
+    size_t tcp_write_max;  /* TERN_TCP_WRITE_MAX; 0: no limit */
     size_t ucx_cma;        /* TERN_UCX_CMA; 0: off */
 } tern__tp_config_t;
 

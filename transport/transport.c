@@ -97,6 +97,7 @@ tern_status_t tern_transport_open(const tern_transport_params_t *params,
     cfg.peer_hint = (m & TERN_TRANSPORT_PARAM_PEER_HINT) ? params->peer_hint : NULL;
     cfg.tcp_sockbuf = env.tcp_sockbuf;
     cfg.tcp_zcopy = env.tcp_zcopy;
+    cfg.tcp_write_max = env.tcp_write_max;
     cfg.ucx_cma = env.ucx_cma;
 
     if (strcmp(want, "auto") != 0) {
