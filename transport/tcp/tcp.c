@@ -1046,6 +1046,14 @@ static int rx_payload(conn_t *c)
             c->nread += (uint64_t)r;
             c->got += (uint64_t)r;
             need -= (uint64_t)r;
+            /* A short read emptied the socket (see fill): wait for epoll
+             * rather than ask again. A payload streaming in a segment at a
+             * time otherwise cost two more recv calls per segment that
+             * could only say EAGAIN, here and in on_readable's fill. */
+            if ((size_t)r < want) {
+                c->drained = true;
+                return 0;
+            }
             continue;
         }
         int end = recv_end(c, r);
@@ -1118,8 +1126,10 @@ static void on_readable(conn_t *c)
         if (r < 0)
             return;
         if (r == 0) {
-            if (reads++ == READS_PER_CALL || fill(c) <= 0)
+            if (c->drained || reads++ == READS_PER_CALL || fill(c) <= 0) {
+                c->drained = false;
                 return;
+            }
             continue;
         }
         if (c->cur.type == F_HELLO) {
