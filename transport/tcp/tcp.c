@@ -296,10 +296,10 @@ static ssize_t send_iov(int fd, struct iovec *iov, int iovcnt, int flags)
  * one). A write holds the socket's lock while the kernel copies it in and
  * pushes its segments out only as it ends (or half a window in); a write of
  * a segment or a few goes out at once and lets the lock go, so the peer
- * copies one segment out while this end copies the next in. On loopback
- * (one 65483-byte segment) that took a 2-rank 4 MiB all_reduce from 1.6-2.0
- * ms to 1.4-1.5, and 4 MiB one-way bandwidth from 3.0-3.8 GB/s to 3.9-4.5
- * (docs/perf.md). Known once the connection is up (the caller checks).
+ * copies one segment out while this end copies the next in: a quarter off a
+ * 2-rank 4 MiB all_reduce on loopback, where a segment is 65,483 bytes
+ * (docs/perf.md, "Writes of one segment"). Known once the connection is up
+ * (the caller checks).
  */
 static size_t write_cap(conn_t *c)
 {
