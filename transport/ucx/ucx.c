@@ -20,8 +20,8 @@
  *   put+imm   the above, then a notify AM: the target raises TERN_EVENT_PUT_IMM
  *             only after the data is in place
  *   get       ucp_get_nbx
- *             (a peer process on this host: process_vm_readv/writev for get
- *             and put, one copy; see cma_copy)
+ *             (a peer process on this host, with TERN_UCX_CMA set:
+ *             process_vm_readv/writev for get and put, one copy; see cma_copy)
  *   mr        ucp_mem_map of the caller's range + ucp_rkey_pack behind a tern header
  *             (base, length, access, registration id, checksum)
  *
@@ -1478,7 +1478,9 @@ static void notice_fill(uint8_t *d, uint8_t type, uint32_t src, uint32_t conn, u
  * pid namespace cannot mislead it), and copies the bytes itself with
  * process_vm_readv/writev: one copy, made by the initiator, as an RC NIC's
  * read or write would. It is synchronous: the data is in place when the
- * call returns. */
+ * call returns. Off unless TERN_UCX_CMA asks for it: on some hosts the
+ * kernel's walk of the peer's pages costs more than UCX's two copies from
+ * cache (docs/transport-ucx.md). */
 
 /* Use cma_copy on ep if the peer process behind its notice channel fd is
  * known and ours to reach. */
@@ -1544,11 +1546,10 @@ static tern_status_t cma_copy(ucx_ep_t *ep, void *buf, size_t len, uint64_t radd
     return TERN_OK;
 }
 
-/* Whether a put or get of len bytes on ep goes by cma_copy. Below
- * TERN_UCX_CMA, UCX's two copies on two CPUs, asynchronous, beat one on the
- * initiator's when the target has a CPU to spare: tern-perf bw on sm was
- * 2x faster through UCX at 32 KiB, about even at 128 KiB, 1.3-1.7x slower
- * at 256-512 KiB (docs/transport-ucx.md). */
+/* Whether a put or get of len bytes on ep goes by cma_copy: TERN_UCX_CMA
+ * bytes or more (0, the default: never). Small ones stay with UCX where it
+ * is on: its two copies on two CPUs, asynchronous, beat one on the
+ * initiator's when the target has a CPU to spare (docs/transport-ucx.md). */
 static bool cma_usable(const ucx_ep_t *ep, const ucx_rkey_t *rk, size_t len,
                        const tern_op_params_t *params)
 {
