@@ -225,6 +225,15 @@ void tern__comm_set_handler(tern__comm_t *comm, tern_imm_class_t cls, tern__clas
 /* Return a request nobody names any more to the cache (lock held). */
 void tern__req_free(tern__comm_t *comm, tern_request_t *req);
 
+/* A completed request's message on its profiled op: its number, and for a
+ * receive the rank it came from (any source: the one that sent it). */
+static inline void tern__req_prof_stamp(const tern_request_t *req, tern__prof_op_t *op)
+{
+    op->seq = req->seq;
+    if (req->kind == REQ_RECV)
+        op->peer = req->info.source;
+}
+
 /* A profiled request's event ends (tern__req_complete). */
 void tern__req_prof_end(tern_request_t *req);
 

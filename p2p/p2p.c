@@ -1171,11 +1171,7 @@ TERN__HOT tern_status_t send_eager_inline(tern__comm_t *comm, uint32_t cid, cons
     eager_build(stack + comm->attr.inline_prefix, cid, tag, shape, buf, len);
     const uint32_t imm = msg_imm(comm, TERN_IMM_P2P_EAGER, dst, seq);
     tern_status_t st = tern__comm_ep(comm, dst, &ep);
-    if (st == TERN_OK)
-        st = tern_ep_send_inline(ep, imm, stack, eager_hdr(cid) + len);
-    if (st == TERN_OK)
-        comm->credits[dst] -= (int64_t)len;
-    return st;
+    return st == TERN_OK ? tern_ep_send_inline(ep, imm, stack, eager_hdr(cid) + len) : st;
 }
 
 /* An eager send too large for that, from a bounce buffer (lock held,
@@ -1189,19 +1185,21 @@ static tern_status_t send_eager_bounce(tern__comm_t *comm, uint32_t cid, const v
         return tern__error(TERN_ERR_NO_MEMORY, "send: no memory for %zu bytes", len);
     eager_build(b->data, cid, tag, shape, buf, len);
     const uint32_t imm = msg_imm(comm, TERN_IMM_P2P_EAGER, dst, seq);
-    tern_status_t st = send_msg(comm, dst, imm, b->data, n, b);
-    if (st == TERN_OK)
-        comm->credits[dst] -= (int64_t)len;
-    return st;
+    return send_msg(comm, dst, imm, b->data, n, b);
 }
 
 /* An eager send (lock held, eager_fits): the payload is copied out, so the
- * send is complete when this returns TERN_OK. */
+ * send is complete when this returns TERN_OK, and its bytes are charged to
+ * dst's credit. */
 TERN__HOT tern_status_t send_eager(tern__comm_t *comm, uint32_t cid, const void *buf, size_t len,
                                    int dst, int tag, uint32_t shape, uint64_t *seq)
 {
-    return eager_inline(comm, cid, len) ? send_eager_inline(comm, cid, buf, len, dst, tag, shape, seq)
-                                        : send_eager_bounce(comm, cid, buf, len, dst, tag, shape, seq);
+    tern_status_t st = eager_inline(comm, cid, len)
+                            ? send_eager_inline(comm, cid, buf, len, dst, tag, shape, seq)
+                            : send_eager_bounce(comm, cid, buf, len, dst, tag, shape, seq);
+    if (st == TERN_OK)
+        comm->credits[dst] -= (int64_t)len;
+    return st;
 }
 
 tern_status_t tern__p2p_isend(tern__comm_t *comm, uint32_t cid, const void *buf, size_t len,
@@ -1641,9 +1639,7 @@ void tern__req_prof_attach(tern_request_t *req, tern__prof_op_t *op)
     tern__comm_t *comm = req->comm;
     tern__comm_lock(comm);
     if (atomic_load_explicit(&req->done, memory_order_acquire)) {
-        op->seq = req->seq;
-        if (req->kind == REQ_RECV)
-            op->peer = req->info.source;
+        tern__req_prof_stamp(req, op);
         tern__comm_unlock(comm);
         tern__prof_op_end(op, tern__req_bytes(req), NULL, 0);
         return;

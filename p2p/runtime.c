@@ -124,9 +124,7 @@ tern_status_t tern__comm_ep_open(tern__comm_t *comm, int r, tern_ep_t **ep)
 
 void tern__req_prof_end(tern_request_t *req)
 {
-    req->prof.seq = req->seq;
-    if (req->kind == REQ_RECV)
-        req->prof.peer = req->info.source; /* any source: the one it came from */
+    tern__req_prof_stamp(req, &req->prof);
     tern__prof_op_end(&req->prof, tern__req_bytes(req), NULL, 0);
 }
 
