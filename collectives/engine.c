@@ -674,6 +674,7 @@ tern_status_t tern__coll_start(tern__coll_t *c, tern_request_t **req)
         atomic_flag_clear(&c->busy);
     if (req != NULL) {
         hold_drop(&h);
+        tern__comm_kick(comm);
         *req = &c->req;
         return TERN_OK;
     }

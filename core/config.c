@@ -78,6 +78,11 @@ static const field_t fields[] = {
      .offset = OFF(poll_spin_ns),
      .doc = "with TERN_POLL=blocking, how long a waiting call polls without progress before "
             "it sleeps on the transport's fd"},
+    {.name = "TERN_PROGRESS_NAP", .group = "tern", .type = FIELD_DURATION, .dflt = "8ms",
+     .offset = OFF(progress_nap_ns),
+     .doc = "the longest nap of the progress thread while waiting calls drive progress (naps "
+            "start at 1ms, or this if shorter, and double); shorter hands background work over "
+            "sooner after a run of waits, longer disturbs ranks that fill the cores less"},
     {.name = "TERN_TCP_SOCKBUF", .group = "tern", .type = FIELD_SIZE, .dflt = "4M",
      .offset = OFF(tcp_sockbuf),
      .doc = "tcp provider: SO_SNDBUF/SO_RCVBUF of each connection; 0 leaves the kernel's "

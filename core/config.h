@@ -46,6 +46,7 @@ typedef struct tern__config {
     int64_t transport; /* 0 auto, 1 verbs, 2 ucx, 3 tcp (the TERN_TRANSPORT enum order) */
     int64_t poll;      /* 0 blocking, 1 busy */
     int64_t poll_spin_ns;
+    int64_t progress_nap_ns; /* the progress thread's longest nap (runtime.c) */
     uint64_t tcp_sockbuf;
     uint64_t tcp_zcopy;
     uint64_t tcp_write_max;

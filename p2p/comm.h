@@ -100,9 +100,11 @@ struct tern__comm {
     int store_fd;
     atomic_bool stop;
     atomic_uint waits; /* waiters' heartbeat (runtime.c): the progress thread naps while it moves */
+    atomic_bool nap_long;     /* the progress thread is in a nap past its first: a post cuts it short */
     atomic_int lock_wanted;   /* threads blocked in tern__comm_lock: a waiter lets go */
     bool busy_poll;
     uint64_t spin_ns;         /* TERN_POLL_SPIN: idle polling before a waiter sleeps */
+    uint64_t nap_max_ns;      /* TERN_PROGRESS_NAP: the progress thread's longest nap */
     bool yield_idle;          /* more local ranks than cores: give the core away when idle */
     tern_ep_t **eps;          /* [world], created on first use */
     /* the endpoint lookups' own store connection (runtime.c, comm_open);
@@ -201,6 +203,19 @@ static inline void tern__comm_lock(tern__comm_t *comm)
     atomic_fetch_add_explicit(&comm->lock_wanted, 1, memory_order_relaxed);
     tern__lock_take(&comm->lock);
     atomic_fetch_sub_explicit(&comm->lock_wanted, 1, memory_order_relaxed);
+}
+
+/* Work posted that the caller need not wait on at once (a non-blocking p2p
+ * call, collective or RPC request): should the progress thread be in one of
+ * its longer naps (runtime.c, progress_main), wake it, since the caller may
+ * now go off and compute while that work needs moving. Only the first post
+ * of a nap pays the wake-up; the rest find the flag down. */
+void tern__comm_wake_progress(tern__comm_t *comm);
+static inline void tern__comm_kick(tern__comm_t *comm)
+{
+    if (atomic_load_explicit(&comm->nap_long, memory_order_relaxed) &&
+        atomic_exchange_explicit(&comm->nap_long, false, memory_order_relaxed))
+        tern__comm_wake_progress(comm);
 }
 
 /* The endpoint to rank r, created (address from the store) on first use.

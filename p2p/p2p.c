@@ -1668,6 +1668,8 @@ tern_status_t tern_isend(tern_ctx_t *ctx, const void *buf, size_t len, int dst, 
     tern__prof_op_begin(&op, comm, dst, TERN_PROF_KIND_P2P, "isend");
     op.dir = TERN_PROF_DIR_SEND;
     tern_status_t st = tern__p2p_isend(comm, 0, buf, len, dst, tag, req);
+    if (st == TERN_OK)
+        tern__comm_kick(comm);
     prof_attach(st, st == TERN_OK ? *req : NULL, &op);
     return st;
 }
@@ -1682,6 +1684,8 @@ tern_status_t tern_irecv(tern_ctx_t *ctx, void *buf, size_t cap, int src, int ta
     tern__prof_op_begin(&op, comm, src, TERN_PROF_KIND_P2P, "irecv");
     op.dir = TERN_PROF_DIR_RECV;
     tern_status_t st = tern__p2p_irecv(comm, 0, buf, cap, src, tag, req);
+    if (st == TERN_OK)
+        tern__comm_kick(comm);
     prof_attach(st, st == TERN_OK ? *req : NULL, &op);
     return st;
 }

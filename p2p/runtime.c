@@ -33,7 +33,12 @@
 
 /* How long the progress thread naps while waiters are (or just were) active:
  * in a loop of blocking calls the next wait starts within microseconds, and
- * waking the progress thread in between costs a core. */
+ * waking the progress thread in between costs a core. Each nap in a row that
+ * a waiter kept busy is twice the last, up to TERN_PROGRESS_NAP (8 ms): where
+ * ranks fill the cores, every nap's end takes a core from a spinning rank for
+ * a few microseconds, and at 1 ms apiece that was the p99 of a tcp ping-pong
+ * (20-26 us against 9-13; docs/p2p.md). A post that may need background
+ * progress cuts a long nap short (tern__comm_kick). */
 #define NAP_NS (1000 * 1000)
 /* How long the progress thread keeps polling after its last event before it
  * sleeps on the transport's fd. */
@@ -165,18 +170,26 @@ static void *progress_main(void *arg)
          * stay out of its way, and off comm->lock, which a waiter polls
          * under (the naps are on a lock of their own: waking on comm->lock
          * made the waiter pay a futex wake-up every nap). */
-        for (;;) {
+        const uint64_t first = comm->nap_max_ns < NAP_NS ? comm->nap_max_ns : NAP_NS;
+        for (uint64_t nap = first;;) {
             unsigned waits = atomic_load_explicit(&comm->waits, memory_order_relaxed);
             if (atomic_load(&comm->stop) || waits == seen_waits)
                 break;
             seen_waits = waits;
-            struct timespec ts = tern__clock_realtime_after(NAP_NS);
+            struct timespec ts = tern__clock_realtime_after(nap);
             pthread_mutex_lock(&comm->idle_lock);
+            /* Raised under idle_lock, before the wait lets it go: a poster
+             * that lowers it signals under the same lock, so its wake-up
+             * cannot come before this thread waits. */
+            atomic_store_explicit(&comm->nap_long, nap > first, memory_order_relaxed);
             if (!atomic_load(&comm->stop))
                 pthread_cond_timedwait(&comm->idle_cv, &comm->idle_lock, &ts);
+            bool kicked = nap > first &&
+                          !atomic_exchange_explicit(&comm->nap_long, false, memory_order_relaxed);
             pthread_mutex_unlock(&comm->idle_lock);
             if (comm->store_server != NULL)
                 tern__store_server_serve(comm->store_server);
+            nap = kicked ? first : nap < comm->nap_max_ns / 2 ? 2 * nap : comm->nap_max_ns;
         }
         if (atomic_load(&comm->stop))
             break;
@@ -216,6 +229,13 @@ static void *progress_main(void *arg)
             tern__store_server_serve(comm->store_server);
     }
     return NULL;
+}
+
+void tern__comm_wake_progress(tern__comm_t *comm)
+{
+    pthread_mutex_lock(&comm->idle_lock);
+    pthread_cond_signal(&comm->idle_cv);
+    pthread_mutex_unlock(&comm->idle_lock);
 }
 
 /* ---- init / finalize ---- */
@@ -264,6 +284,12 @@ static tern_status_t comm_open(tern_ctx_t *ctx)
     comm->world = tern_ctx_world_size(ctx);
     comm->busy_poll = cfg->poll == 1;
     comm->spin_ns = (uint64_t)cfg->poll_spin_ns;
+    if (cfg->progress_nap_ns <= 0) {
+        free(comm);
+        return tern__error(TERN_ERR_CONFIG, "TERN_PROGRESS_NAP must be above 0 (a nap of 0 "
+                           "would keep the progress thread spinning beside every waiter)");
+    }
+    comm->nap_max_ns = (uint64_t)cfg->progress_nap_ns;
     /* Oversubscribed (more ranks here than cores we may run on), a waiter
      * that spins holds the core the rank it waits for needs: yield on every
      * idle poll, as Open MPI's mpi_yield_when_idle does. */

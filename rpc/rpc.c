@@ -397,6 +397,8 @@ static tern_status_t send_msg(rpc_t *rpc, int dst, uint8_t *buf, size_t len)
         tern_op_params_t op = {.field_mask = TERN_OP_PARAM_CB, .cb = free_on_send, .cb_arg = buf};
         st = tern_ep_send(ep, imm, buf, len, &op);
     }
+    if (cls == TERN_IMM_RPC_REQUEST && (st == TERN_OK || st == TERN_INPROGRESS))
+        tern__comm_kick(rpc->comm); /* its reply is background work */
     if (st == TERN_INPROGRESS)
         return TERN_OK; /* free_on_send frees it */
     free(buf);

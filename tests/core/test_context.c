@@ -127,7 +127,7 @@ static const char *const launcher_vars[] = {
     "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
     "OMPI_COMM_WORLD_LOCAL_SIZE", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS",
     "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "TERN_LOG", "MASTER_PORT",
-    "TERN_MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE", NULL};
+    "TERN_MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE", "TERN_PROGRESS_NAP", NULL};
 
 static int clear_env(void **state)
 {
@@ -198,6 +198,9 @@ static void test_bad_environment(void **state)
     clear_env(NULL);
     setenv("MASTER_PORT", "http", 1);
     expect_init_error(TERN_ERR_CONFIG, "MASTER_PORT");
+    clear_env(NULL);
+    setenv("TERN_PROGRESS_NAP", "0", 1);
+    expect_init_error(TERN_ERR_CONFIG, "TERN_PROGRESS_NAP must be above 0");
     clear_env(NULL);
 }
 

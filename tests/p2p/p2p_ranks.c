@@ -3,14 +3,15 @@
  * over each transport): sizes around the eager/rendezvous boundary, ordering
  * across both protocols, any-source and any-tag, truncation at both ends,
  * many requests in flight, the unexpected-queue bound, self-sends, bad
- * arguments, and with --big a 1 GiB message. Exits non-zero on the first
- * failure, saying which.
+ * arguments, background progress after a long stretch of waits, and with --big a 1 GiB
+ * message. Exits non-zero on the first failure, saying which.
  */
 #include <inttypes.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <tern/tern.h>
@@ -261,6 +262,66 @@ static void test_self_and_bad_args(void)
     OK(tern_request_wait(r, -1, NULL));
 }
 
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/*
+ * Background progress right after a long stretch of waits. Ranks 0 and 1
+ * ping-pong for busy_ms, which sends rank 1's progress thread into ever
+ * longer naps (a waiter is always busy: p2p/runtime.c), then rank 1 posts a
+ * send of a message no socket buffer holds and computes for COMPUTE_MS
+ * without calling tern. Rank 0's blocking receive of it needs rank 1's side
+ * to move all along, which only rank 1's progress thread can do now: it must
+ * be done inside half the compute. The post cuts the progress thread's nap
+ * short; --background runs this alone for 1.2 s of ping-pong under
+ * TERN_PROGRESS_NAP=10s (CMakeLists.txt), where the nap under way at the end
+ * is the one of 1,024 ms, so without that cut the transfer waits about
+ * 900 ms and fails the bound, with it it starts within a millisecond or so.
+ */
+static void test_background_after_waits(unsigned busy_ms)
+{
+    enum { COMPUTE_MS = 1500 };
+    const size_t n = (size_t)64 << 20;
+    if (rank > 1)
+        return;
+    uint8_t *buf = malloc(n), more = 1;
+    CHECK(buf != NULL, "no memory for %zu bytes", n);
+    if (rank == 0) {
+        for (uint64_t end = now_ns() + busy_ms * 1000000ull; more;) {
+            more = now_ns() < end;
+            OK(tern_send(ctx, &more, 1, 1, 90));
+            OK(tern_recv(ctx, &more, 1, 1, 90, NULL));
+        }
+        uint64_t t0 = now_ns();
+        memset(buf, 0, n);
+        tern_msg_info_t info;
+        OK(tern_recv(ctx, buf, n, 1, 91, &info));
+        double ms = (double)(now_ns() - t0) / 1e6;
+        CHECK(ms < COMPUTE_MS / 2, "%zu bytes from a rank computing for %d ms took %.1f ms: "
+              "nothing moved them in the background", n, COMPUTE_MS, ms);
+        CHECK(info.len == n, "the message arrived as %zu bytes", info.len);
+        for (size_t i = 0; i < n; i += 4093)
+            CHECK(buf[i] == pat(1, 91, i), "byte %zu", i);
+    } else {
+        for (size_t i = 0; i < n; i++)
+            buf[i] = pat(1, 91, i);
+        while (more) {
+            OK(tern_recv(ctx, &more, 1, 0, 90, NULL));
+            OK(tern_send(ctx, &more, 1, 0, 90));
+        }
+        tern_request_t *s;
+        OK(tern_isend(ctx, buf, n, 0, 91, &s));
+        for (uint64_t end = now_ns() + COMPUTE_MS * 1000000ull; now_ns() < end;)
+            ; /* computing: no tern call */
+        OK(tern_request_wait(s, -1, NULL));
+    }
+    free(buf);
+}
+
 static void test_big(void)
 {
     const size_t n = (size_t)1 << 30;
@@ -288,6 +349,7 @@ static void test_big(void)
 int main(int argc, char **argv)
 {
     int big = argc > 1 && strcmp(argv[1], "--big") == 0;
+    int background = argc > 1 && strcmp(argv[1], "--background") == 0;
     const char *e = getenv("TERN_EAGER_LIMIT");
     eager = e ? strtoull(e, NULL, 10) : 16384;
     if (tern_init(NULL, &ctx) != TERN_OK) {
@@ -301,6 +363,10 @@ int main(int argc, char **argv)
     if (rank == 0)
         printf("p2p over %s (%s), %u ranks, eager limit %zu\n", prov, dev, world, eager);
 
+    if (background) {
+        test_background_after_waits(1200);
+        goto done;
+    }
     test_ring_sizes();
     barrier("t1");
     if (world >= 2) {
@@ -317,8 +383,13 @@ int main(int argc, char **argv)
     barrier("t6");
     test_self_and_bad_args();
     barrier("t7");
+    if (!big) {
+        test_background_after_waits(60);
+        barrier("t8");
+    }
     if (big)
         test_big();
+done:
     if (tern_finalize(ctx) != TERN_OK) {
         fprintf(stderr, "rank %u: finalize: %s\n", rank, tern_last_error());
         return 1;
