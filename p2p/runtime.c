@@ -231,6 +231,7 @@ static void *progress_main(void *arg)
     return NULL;
 }
 
+/* Wake the progress thread from a nap (the only thread on idle_cv). */
 void tern__comm_wake_progress(tern__comm_t *comm)
 {
     pthread_mutex_lock(&comm->idle_lock);
@@ -246,9 +247,7 @@ static void comm_free(tern__comm_t *comm)
         return;
     if (comm->thread_started) {
         atomic_store(&comm->stop, true);
-        pthread_mutex_lock(&comm->idle_lock);
-        pthread_cond_broadcast(&comm->idle_cv);
-        pthread_mutex_unlock(&comm->idle_lock);
+        tern__comm_wake_progress(comm);
         pthread_join(comm->thread, NULL);
     }
     if (comm->coll_fini != NULL)

@@ -11,7 +11,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <tern/tern.h>
@@ -262,13 +261,6 @@ static void test_self_and_bad_args(void)
     OK(tern_request_wait(r, -1, NULL));
 }
 
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 /*
  * Background progress right after a long stretch of waits. Ranks 0 and 1
  * ping-pong for busy_ms, which sends rank 1's progress thread into ever
@@ -291,16 +283,16 @@ static void test_background_after_waits(unsigned busy_ms)
     uint8_t *buf = malloc(n), more = 1;
     CHECK(buf != NULL, "no memory for %zu bytes", n);
     if (rank == 0) {
-        for (uint64_t end = now_ns() + busy_ms * 1000000ull; more;) {
-            more = now_ns() < end;
+        for (uint64_t end = tern_clock_ns() + busy_ms * 1000000ull; more;) {
+            more = tern_clock_ns() < end;
             OK(tern_send(ctx, &more, 1, 1, 90));
             OK(tern_recv(ctx, &more, 1, 1, 90, NULL));
         }
-        uint64_t t0 = now_ns();
+        uint64_t t0 = tern_clock_ns();
         memset(buf, 0, n);
         tern_msg_info_t info;
         OK(tern_recv(ctx, buf, n, 1, 91, &info));
-        double ms = (double)(now_ns() - t0) / 1e6;
+        double ms = (double)(tern_clock_ns() - t0) / 1e6;
         CHECK(ms < COMPUTE_MS / 2, "%zu bytes from a rank computing for %d ms took %.1f ms: "
               "nothing moved them in the background", n, COMPUTE_MS, ms);
         CHECK(info.len == n, "the message arrived as %zu bytes", info.len);
@@ -315,7 +307,7 @@ static void test_background_after_waits(unsigned busy_ms)
         }
         tern_request_t *s;
         OK(tern_isend(ctx, buf, n, 0, 91, &s));
-        for (uint64_t end = now_ns() + COMPUTE_MS * 1000000ull; now_ns() < end;)
+        for (uint64_t end = tern_clock_ns() + COMPUTE_MS * 1000000ull; tern_clock_ns() < end;)
             ; /* computing: no tern call */
         OK(tern_request_wait(s, -1, NULL));
     }
