@@ -89,6 +89,11 @@ typedef struct tern__coll {
     int64_t timeout_ns;
     atomic_int reported;      /* a peer's ABORT for this call arrived: its status (detail under the lock) */
     char reported_detail[200];
+    /* A peer withdrew its end of one of our messages (its call failed):
+     * its world rank + 1 (0: none) and when we saw it. The call waits for
+     * the ABORT that says why (engine.c, reap). */
+    int withdrew;
+    uint64_t withdrew_at;
     struct tern__coll *next; /* in the group state's list of collectives in flight */
 } tern__coll_t;
 

@@ -359,6 +359,7 @@ static void reap(tern__coll_t *c, step_t *s, hold_t *h)
     tern_status_t st;
 
     hold_take(h);
+    bool withdrew = s->req->peer_withdrew;
     st = tern__req_release(h->comm, s->req, &info);
     s->req = NULL;
     s->state = STEP_DONE;
@@ -368,6 +369,22 @@ static void reap(tern__coll_t *c, step_t *s, hold_t *h)
     hold_drop(h);
     if (st == TERN_ERR_CANCELED && c->failing != TERN_OK)
         return;
+    if (withdrew && c->failing == TERN_OK) {
+        /* w's call failed and took back its end (a refused put or read, a
+         * CANCELED FIN). Why is on its way: w's ABORT, sent before it
+         * withdrew, or the one that failed w, which went to every member;
+         * over tcp the second can lose the race against the refusal. The
+         * refusal itself ("access denied") says nothing of the cause, so
+         * wait for the report (advance), a while at most. */
+        if (c->withdrew == 0) {
+            tern_debug("%s #%" PRIu32 " on group %" PRIu32 ": rank %d withdrew its end (%s); "
+                       "waiting for the report of why", c->op_name, c->seq, c->g->cid, w,
+                       tern_status_name(st));
+            c->withdrew = w + 1;
+            c->withdrew_at = tern_clock_ns();
+        }
+        return;
+    }
     if (s->kind == STEP_RECV && (st == TERN_ERR_TRUNCATED || (st == TERN_OK && info.len != s->n))) {
         fail(c, TERN_ERR_MISMATCH,
              "rank %d sent %zu bytes where %zu were expected (do counts or dtypes differ "
@@ -538,6 +555,18 @@ static void finish(tern__coll_t *c, hold_t *h)
     hold_drop(h);
 }
 
+/* How long a call whose peer withdrew waits for the report of why: the
+ * report is a message behind, so a second is plenty; TERN_TIMEOUT if
+ * shorter. */
+#define WITHDRAW_WAIT_NS 1000000000ll
+
+static uint64_t withdraw_wait(const tern__coll_t *c)
+{
+    int64_t t = c->timeout_ns >= 0 && c->timeout_ns < WITHDRAW_WAIT_NS ? c->timeout_ns
+                                                                        : WITHDRAW_WAIT_NS;
+    return (uint64_t)t;
+}
+
 /* Move c on as far as it goes (busy held), with h, held or not, as the
  * caller's hold of the lock; it may come back either way. Returns true once c
  * finished, after which c must not be touched. */
@@ -561,7 +590,8 @@ static bool advance(tern__coll_t *c, bool check_time, hold_t *h)
                     continue;
                 reap(c, s, h);
                 moved = true;
-            } else if (s->state == STEP_IDLE && c->failing == TERN_OK && ready(c, s)) {
+            } else if (s->state == STEP_IDLE && c->failing == TERN_OK && c->withdrew == 0 &&
+                       ready(c, s)) {
                 launch(c, s, h);
                 moved = true;
             }
@@ -574,7 +604,8 @@ static bool advance(tern__coll_t *c, bool check_time, hold_t *h)
     bool outstanding = false;
     for (size_t i = c->first; i < c->nsteps && !outstanding; i++)
         outstanding = c->steps[i].state == STEP_POSTED;
-    if ((c->failing == TERN_OK && c->first == c->nsteps) || (c->failing != TERN_OK && !outstanding)) {
+    if ((c->failing == TERN_OK && c->withdrew == 0 && c->first == c->nsteps) ||
+        (c->failing != TERN_OK && !outstanding)) {
         finish(c, h);
         return true;
     }
@@ -588,6 +619,11 @@ static bool advance(tern__coll_t *c, bool check_time, hold_t *h)
         } else if (c->failing == TERN_OK) {
             check_health(c, now);
         }
+        if (c->failing == TERN_OK && c->withdrew != 0 && now - c->withdrew_at > withdraw_wait(c))
+            fail(c, TERN_ERR_CANCELED,
+                 "rank %d withdrew its end of a message (its call failed there); no report of "
+                 "why reached this rank in %lld ms", c->withdrew - 1,
+                 (long long)(withdraw_wait(c) / 1000000));
         if (c->failing != TERN_OK && !outstanding) {
             finish(c, h);
             return true;

@@ -51,6 +51,12 @@ struct tern_request {
     tern_mr_t *mr;
     tern_rkey_t *rkey;
     int ops;                   /* transport operations in flight that name this request */
+    /* It failed because its peer withdrew its end: the receiver revoked the
+     * offer our put wrote into, the sender revoked the buffer our read came
+     * for (both refused with TERN_ERR_ACCESS), or a FIN said CANCELED. In a
+     * collective that means the peer's call failed, and its ABORT, or the
+     * one that made it fail, is on its way (collectives/engine.c). */
+    bool peer_withdrew;
     bool released;             /* the user has waited on it: free once ops is 0 */
     void *coll;                /* REQ_COLL: the collective's state */
     uint64_t seq;              /* the message's number between its two ranks (0: none yet) */

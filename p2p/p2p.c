@@ -473,6 +473,7 @@ static void get_done(void *arg, tern_status_t st)
     if (!atomic_load(&req->done)) {
         tern_status_t fin = st != TERN_OK ? st : truncated ? TERN_ERR_TRUNCATED : TERN_OK;
         send_fin(comm, src, req->id, fin);
+        req->peer_withdrew = st == TERN_ERR_ACCESS; /* the sender revoked its buffer */
         tern__req_complete(req, fin);
     }
     req_maybe_free(req);
@@ -838,8 +839,11 @@ static void put_done(void *arg, tern_status_t st)
     req->rkey = NULL;
     req->mr = NULL;
     int dst = req->peer;
-    if (!atomic_load(&req->done))
+    if (!atomic_load(&req->done)) {
+        /* The offer was good when it came: a refusal means it was revoked. */
+        req->peer_withdrew = st == TERN_ERR_ACCESS;
         tern__req_complete(req, st);
+    }
     req_maybe_free(req);
     if (open)
         window_drain(comm, &comm->rtr_ready, &comm->rtr_ready_tail, comm->put_bytes,
@@ -982,6 +986,7 @@ static void on_control(tern__comm_t *comm, const tern_event_t *ev, void *arg)
                 *pp = r->next;
                 tern_mr_dereg(r->mr);
                 r->mr = NULL;
+                r->peer_withdrew = st == TERN_ERR_CANCELED;
                 tern__req_complete(r, st);
                 req_maybe_free(r);
                 return;
@@ -1036,8 +1041,10 @@ static void on_control(tern__comm_t *comm, const tern_event_t *ev, void *arg)
         if (st == TERN_OK)
             break;
         tern_request_t *req = take_offered(comm, (int)ev->src, tern__get_le64(p), UINT64_MAX);
-        if (req != NULL)
+        if (req != NULL) {
+            req->peer_withdrew = st == TERN_ERR_CANCELED; /* the send was withdrawn */
             offered_done(comm, req, (size_t)tern__get_le64(p + 8), st);
+        }
         return;
     }
     case CTRL_NACK:
