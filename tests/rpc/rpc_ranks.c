@@ -1085,10 +1085,14 @@ static void test_futures(const char *to)
     t0 = tern_clock_ns();
     OK(tern_rpc_async(ctx, to, "sleep_ms", &ms, TERN_RPC_TIMEOUT_DEFAULT, &f));
     st = tern_future_wait(f, 50 * MS);
-    CHECK(st == TERN_ERR_TIMEOUT, "a 50 ms wait on sleep_ms(300): %s", tern_status_name(st));
-    CHECK(tern_future_test(f) == 0 && tern_future_status(f) == TERN_ERR_NO_RESOURCE &&
-              tern_future_value(f) == NULL && strcmp(tern_future_error(f), "") == 0,
-          "still pending after the wait timed out");
+    int pending = tern_future_test(f) == 0 && tern_future_status(f) == TERN_ERR_NO_RESOURCE &&
+                  tern_future_value(f) == NULL && strcmp(tern_future_error(f), "") == 0;
+    /* Only a look within 250 ms of the post proves the call still out (a
+     * loaded machine can stall this rank past the 300 ms). */
+    if (secs_since(t0) < 0.25) {
+        CHECK(st == TERN_ERR_TIMEOUT, "a 50 ms wait on sleep_ms(300): %s", tern_status_name(st));
+        CHECK(pending, "still pending after the wait timed out");
+    }
     OK(tern_future_wait(f, -1));
     CHECK(secs_since(t0) >= 0.29, "sleep_ms(300) done after %.3f s", secs_since(t0));
     CHECK(tern_future_test(f) == 1 && tern_future_status(f) == TERN_OK &&
@@ -1201,14 +1205,16 @@ static void test_futures(const char *to)
           "the other outcomes are kept");
     for (int i = 0; i < 4; i++)
         tern_future_free(fs[i]);
+    uint64_t t_post = tern_clock_ns();
     OK(tern_rpc_async(ctx, to, "sleep_ms", &late, 0, &fs[0]));
-    uint64_t t_wait = tern_clock_ns();
     st = tern_future_wait_all(fs, 1, 20 * MS);
-    uint64_t waited = tern_clock_ns() - t_wait;
     int done_now = tern_future_test(fs[0]);
+    uint64_t waited = tern_clock_ns() - t_post;
     /* A loaded machine (sanitizers, 2 cores) can return from a 20 ms wait
      * after the 200 ms call has ended, and then OK is the right answer; only
-     * a prompt return proves the call was still out. */
+     * a prompt return proves the call was still out. Timed from before the
+     * post to after the test: a wait that returned at 144 ms, timed from
+     * its own start, once saw the call done by the test that followed. */
     bool prompt = waited < 150 * MS;
     CHECK(prompt ? st == TERN_ERR_TIMEOUT && done_now == 0
                  : st == TERN_ERR_TIMEOUT || (st == TERN_OK && done_now == 1),
