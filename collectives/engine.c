@@ -371,7 +371,7 @@ static void reap(tern__coll_t *c, step_t *s, hold_t *h)
         return;
     if (withdrew && c->failing == TERN_OK) {
         /* w's call failed and took back its end (a refused put or read, a
-         * CANCELED FIN). Why is on its way: w's ABORT, sent before it
+         * CANCELED FIN or RTR_FAIL). Why is on its way: w's ABORT, sent before it
          * withdrew, or the one that failed w, which went to every member;
          * over tcp the second can lose the race against the refusal. The
          * refusal itself ("access denied") says nothing of the cause, so
@@ -619,11 +619,11 @@ static bool advance(tern__coll_t *c, bool check_time, hold_t *h)
         } else if (c->failing == TERN_OK) {
             check_health(c, now);
         }
-        if (c->failing == TERN_OK && c->withdrew != 0 && now - c->withdrew_at > withdraw_wait(c))
+        const uint64_t wait = withdraw_wait(c);
+        if (c->failing == TERN_OK && c->withdrew != 0 && now - c->withdrew_at > wait)
             fail(c, TERN_ERR_CANCELED,
                  "rank %d withdrew its end of a message (its call failed there); no report of "
-                 "why reached this rank in %lld ms", c->withdrew - 1,
-                 (long long)(withdraw_wait(c) / 1000000));
+                 "why reached this rank in %lld ms", c->withdrew - 1, (long long)(wait / 1000000));
         if (c->failing != TERN_OK && !outstanding) {
             finish(c, h);
             return true;

@@ -53,9 +53,10 @@ struct tern_request {
     int ops;                   /* transport operations in flight that name this request */
     /* It failed because its peer withdrew its end: the receiver revoked the
      * offer our put wrote into, the sender revoked the buffer our read came
-     * for (both refused with TERN_ERR_ACCESS), or a FIN said CANCELED. In a
-     * collective that means the peer's call failed, and its ABORT, or the
-     * one that made it fail, is on its way (collectives/engine.c). */
+     * for (both refused with TERN_ERR_ACCESS), or a FIN or RTR_FAIL said
+     * CANCELED. In a collective that means the peer's call failed, and its
+     * ABORT, or the one that made it fail, is on its way
+     * (collectives/engine.c). */
     bool peer_withdrew;
     bool released;             /* the user has waited on it: free once ops is 0 */
     void *coll;                /* REQ_COLL: the collective's state */
