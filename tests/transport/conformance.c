@@ -12,6 +12,12 @@
 
 #include <cmocka.h>
 
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <tern/clock.h>
 #include <tern/imm.h>
 #include <tern/transport.h>
@@ -964,6 +970,204 @@ static void test_peer_closes_mid_transfer(void **state)
     free(rmem);
 }
 
+/* ---- strangers at the tcp listener ---- */
+
+/*
+ * Anyone can connect to a tcp transport's listener. These strangers speak the
+ * tcp provider's framing (mirrored from transport/tcp/tcp.c: a 56-byte
+ * little-endian header, type at 0, imm at 8, payload length at 48; HELLO's
+ * payload magic u32, version u8, 3 zero, id u32, instance u64) or none.
+ * Each is closed by the transport; none is heard as a rank or reported as
+ * one's error, and the pair's own traffic goes on untouched.
+ */
+enum { T_HELLO = 1, T_SEND = 3, T_HDR = 56, T_HELLO_LEN = 20 };
+
+static void le32(uint8_t *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static void le64(uint8_t *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static void frame(uint8_t *h, uint8_t type, uint32_t imm, uint64_t payload)
+{
+    memset(h, 0, T_HDR);
+    h[0] = type;
+    le32(h + 8, imm);
+    le64(h + 48, payload);
+}
+
+/* A connected socket to the transport whose tcp address is addr (127.0.0.1). */
+static int stranger(const uint8_t *addr, size_t len)
+{
+    struct sockaddr_in sa = {.sin_family = AF_INET};
+    assert_int_equal(len, 24);
+    assert_int_equal(addr[5], 4); /* IPv4 */
+    memcpy(&sa.sin_port, addr + 6, 2);
+    memcpy(&sa.sin_addr, addr + 20, 4);
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    assert_true(fd >= 0);
+    assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    return fd;
+}
+
+static void say(int fd, const void *buf, size_t len)
+{
+    assert_int_equal(send(fd, buf, len, MSG_NOSIGNAL), (ssize_t)len);
+}
+
+/* A HELLO (magic and version as given) claiming id with instance. */
+static void say_hello(int fd, uint32_t magic, uint8_t version, uint32_t id, uint64_t instance)
+{
+    uint8_t m[T_HDR + T_HELLO_LEN] = {0};
+    frame(m, T_HELLO, 0, T_HELLO_LEN);
+    le32(m + T_HDR, magic);
+    m[T_HDR + 4] = version;
+    le32(m + T_HDR + 8, id);
+    le64(m + T_HDR + 12, instance);
+    say(fd, m, sizeof(m));
+}
+
+/* A SEND of 8 bytes with the pattern of slot 77, as a's peer would send one. */
+static void say_send(int fd)
+{
+    uint8_t m[T_HDR + 8];
+    frame(m, T_SEND, tern_imm_make(TERN_IMM_P2P_EAGER, 0, 0, 77), 8);
+    fill(m + T_HDR, 8, 77);
+    say(fd, m, sizeof(m));
+}
+
+/* True once the transport has closed fd's other end (EOF or reset). */
+static int closed_by_peer(int fd)
+{
+    uint8_t b[256];
+    ssize_t r = recv(fd, b, sizeof(b), MSG_DONTWAIT);
+    return r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
+
+static void test_strangers(void **state)
+{
+    pair_t *p = *state;
+    enum { N = 100 };
+    uint8_t addr[TERN_ADDR_MAX], junk[200], hdr[T_HDR], buf[64];
+    size_t len = sizeof(addr);
+    int fds[8], nf = 0, idle;
+    counter_t c = {0};
+    tern_op_params_t op = cb_params(&c);
+
+    if (strcmp(provider, "tcp") != 0)
+        skip(); /* the ucx provider has no listener of its own */
+    assert_int_equal(tern_transport_address(p->a.tp, addr, &len), TERN_OK);
+    const uint32_t magic = (uint32_t)addr[0] | (uint32_t)addr[1] << 8 | (uint32_t)addr[2] << 16 |
+                           (uint32_t)addr[3] << 24;
+    uint64_t b_instance;
+    {
+        uint8_t baddr[TERN_ADDR_MAX];
+        size_t blen = sizeof(baddr);
+        assert_int_equal(tern_transport_address(p->b.tp, baddr, &blen), TERN_OK);
+        b_instance = 0;
+        for (int i = 7; i >= 0; i--)
+            b_instance = b_instance << 8 | baddr[8 + i];
+    }
+    /* Traffic both ways first, so the strangers come to a connected pair. */
+    send_one(p, &p->a, 1, 8);
+    send_one(p, &p->b, 1, 8);
+    PUMP_UNTIL(p, p->a.nrecv == 1 && p->b.nrecv == 1, "the first messages");
+    const unsigned a_before = 1, b_before = 1;
+
+    close(stranger(addr, len)); /* connects and leaves */
+    memset(junk, 0xa5, sizeof(junk));
+    say(fds[nf] = stranger(addr, len), junk, sizeof(junk)); /* not our framing */
+    nf++;
+    frame(hdr, 200, 0, 0);
+    say(fds[nf] = stranger(addr, len), hdr, sizeof(hdr)); /* an unknown frame type */
+    nf++;
+    fds[nf] = stranger(addr, len);
+    say_send(fds[nf++]); /* a SEND before any HELLO */
+    fds[nf] = stranger(addr, len);
+    say_hello(fds[nf], magic ^ 1, addr[4], 1, b_instance); /* another protocol */
+    say_send(fds[nf++]);
+    fds[nf] = stranger(addr, len);
+    say_hello(fds[nf], magic, (uint8_t)(addr[4] + 1), 1, b_instance); /* another version */
+    say_send(fds[nf++]);
+    fds[nf] = stranger(addr, len);
+    say_hello(fds[nf], magic, addr[4], 1, b_instance ^ 0x5a5a); /* b's id, another process */
+    say_send(fds[nf++]);
+    fds[nf] = stranger(addr, len);
+    say_hello(fds[nf], magic, addr[4], 7, 1234); /* an id with no endpoint, then too big a SEND */
+    frame(hdr, T_SEND, 0, (uint64_t)1 << 40);
+    say(fds[nf++], hdr, sizeof(hdr));
+    idle = stranger(addr, len);
+    say(idle, junk, T_HDR / 2); /* half a header, then silence */
+
+    /* Every stranger but the idle one is closed by a, and the pair carries on. */
+    for (int i = 0; i < nf; i++) {
+        PUMP_UNTIL(p, closed_by_peer(fds[i]), "a stranger to be closed");
+        close(fds[i]);
+    }
+    fill(buf, sizeof(buf), 3);
+    for (unsigned i = 0; i < N; i++) {
+        posted(tern_ep_send(p->a.ep, tern_imm_make(TERN_IMM_P2P_EAGER, 0, 0, 3), buf, i % 64, &op), &c);
+        posted(tern_ep_send(p->b.ep, tern_imm_make(TERN_IMM_P2P_EAGER, 0, 0, 3), buf, 63 - i % 64, &op), &c);
+        progress_both(p);
+    }
+    PUMP_UNTIL(p, c.done == 2 * N && p->a.nrecv == a_before + N && p->b.nrecv == b_before + N,
+               "the pair's sends both ways");
+    close(idle);
+    for (int i = 0; i < 1000; i++)
+        progress_both(p);
+    assert_int_equal(c.failed, 0);
+    /* Nothing a stranger sent was delivered, and no error was raised for it. */
+    assert_int_equal(p->a.nrecv, a_before + N);
+    for (unsigned i = a_before; i < p->a.nrecv; i++) {
+        assert_int_equal(p->a.recv_src[i], 1);
+        assert_int_equal(p->a.recv_len[i], 63 - (i - a_before) % 64);
+        assert_true(p->a.recv_ok[i]);
+    }
+    assert_int_equal(p->a.nerror, 0);
+    assert_int_equal(p->b.nerror, 0);
+}
+
+/* A stranger that claims an id before this side has an endpoint for it cannot
+ * be told from the peer yet (an endpoint may be made after the peer's first
+ * messages: test_endpoint_made_later). Once the endpoint names another
+ * process for that id, the stranger is closed, and the real peer's
+ * connection is the one adopted. */
+static void test_stranger_before_endpoint(void **state)
+{
+    pair_t *p = *state;
+    uint8_t addr[TERN_ADDR_MAX];
+    size_t len = sizeof(addr);
+
+    if (strcmp(provider, "tcp") != 0)
+        skip();
+    assert_int_equal(tern_transport_address(p->b.tp, addr, &len), TERN_OK);
+    const uint32_t magic = (uint32_t)addr[0] | (uint32_t)addr[1] << 8 | (uint32_t)addr[2] << 16 |
+                           (uint32_t)addr[3] << 24;
+    int fd = stranger(addr, len);
+    say_hello(fd, magic, addr[4], 0, 42); /* a's id, not a's instance */
+    send_one(p, &p->a, 1, 8);             /* a's real connection to b */
+    PUMP_UNTIL(p, p->b.nrecv == 1, "a's first message");
+    for (int i = 0; i < 100; i++)
+        progress_both(p);
+    assert_false(closed_by_peer(fd)); /* b cannot tell yet */
+    len = sizeof(addr);
+    assert_int_equal(tern_transport_address(p->a.tp, addr, &len), TERN_OK);
+    assert_int_equal(tern_ep_create(p->b.tp, 0, addr, len, &p->b.ep), TERN_OK);
+    PUMP_UNTIL(p, closed_by_peer(fd), "the stranger to be closed");
+    close(fd);
+    send_one(p, &p->b, 2, 16);
+    PUMP_UNTIL(p, p->a.nrecv == 1, "b's reply");
+    assert_int_equal(p->a.recv_src[0], 1);
+    assert_true(p->a.recv_ok[0]);
+    assert_int_equal(p->a.nerror + p->b.nerror, 0);
+}
+
 int main(int argc, char **argv)
 {
     if (argc > 1)
@@ -987,6 +1191,8 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_host_shm, setup, teardown),
         cmocka_unit_test_setup_teardown(test_rx_window_and_keys, setup, teardown),
         cmocka_unit_test_setup_teardown(test_peer_closes_mid_transfer, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_strangers, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_stranger_before_endpoint, setup_one_way, teardown),
     };
     return cmocka_run_group_tests_name(provider, tests, NULL, NULL);
 }

@@ -57,7 +57,7 @@
 #define RXBUF_SIZE (64u << 10)
 #define MAX_SEND (1u << 20)          /* eager limit of tern_ep_send */
 #define TCP_INLINE 256u              /* attr.max_inline: a queued SEND this small is copied */
-#define HELLO_LEN 12u                /* F_HELLO's payload */
+#define HELLO_LEN 20u                /* F_HELLO's payload */
 #define MAX_PUT ((size_t)1 << 40)    /* a single put or get */
 #define ADDR_MAGIC 0x54544350u       /* "TTCP" */
 #define ADDR_VERSION 1
@@ -67,7 +67,7 @@
 #define PIPE_SIZE (1 << 20)          /* splice_payload()'s pipe: the unprivileged maximum */
 
 enum frame_type {
-    F_HELLO = 1,   /* payload: self_id u32, instance u64 */
+    F_HELLO = 1,   /* payload: magic u32, version u8, 3 zero, self_id u32, instance u64 */
     F_BYE = 2,     /* graceful close: no error event at the other side */
     F_SEND = 3,    /* imm, payload */
     F_PUT = 4,     /* op_id, key, raddr, size, flags(IMM), imm, payload = size bytes */
@@ -169,7 +169,7 @@ typedef struct conn {
     uint8_t *big;          /* F_SEND payloads that do not fit rxbuf */
     size_t big_cap;
     bool drained;          /* the last read left the socket empty: wait for epoll */
-    uint8_t hello[HELLO_LEN];     /* an incoming HELLO's payload: self_id u32, instance u64 */
+    uint8_t hello[HELLO_LEN];     /* an incoming HELLO's payload (enum frame_type) */
     bool refused;          /* current PUT failed its checks */
     tern_status_t refusal;
     struct tcp_mr *cur_mr; /* current PUT's region, pinned */
@@ -625,8 +625,11 @@ static void conn_fail(conn_t *c, tern_status_t why)
         mr_unpin(t, c->cur_mr);
         c->cur_mr = NULL;
     }
-    /* CANCELED is our own teardown or the peer's goodbye: nothing to report. */
-    bool tell = why != TERN_ERR_CANCELED && (c->ep != NULL || c->hello_seen);
+    /* CANCELED is our own teardown or the peer's goodbye: nothing to report.
+     * A protocol violation on a connection no endpoint has adopted may be a
+     * stranger's (hello_refusal): the warning is all it gets. */
+    bool tell = why != TERN_ERR_CANCELED &&
+                (c->ep != NULL || (c->hello_seen && why != TERN_ERR_PROTOCOL));
     if (tell) {
         tern_debug("tcp: connection %s peer %u lost (%s)", c->incoming ? "from" : "to", c->peer,
                    tern_strerror(why));
@@ -813,24 +816,93 @@ static tcp_ep_t *ep_of_peer(tcp_tp_t *t, uint32_t peer)
     return NULL;
 }
 
+/* Who is at the other end of c, for a log line: "peer N" once known, else
+ * the address it connected from. */
+static const char *conn_who(const conn_t *c, char *buf, size_t len)
+{
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof(ss);
+    char host[INET6_ADDRSTRLEN] = "?";
+    unsigned port = 0;
+
+    if (!c->incoming || c->hello_seen) {
+        snprintf(buf, len, "peer %u", c->peer);
+        return buf;
+    }
+    if (getpeername(c->fd, (struct sockaddr *)&ss, &sl) == 0) {
+        if (ss.ss_family == AF_INET) {
+            const struct sockaddr_in *s4 = (const struct sockaddr_in *)&ss;
+            inet_ntop(AF_INET, &s4->sin_addr, host, sizeof(host));
+            port = ntohs(s4->sin_port);
+        } else if (ss.ss_family == AF_INET6) {
+            const struct sockaddr_in6 *s6 = (const struct sockaddr_in6 *)&ss;
+            inet_ntop(AF_INET6, &s6->sin6_addr, host, sizeof(host));
+            port = ntohs(s6->sin6_port);
+        }
+    }
+    snprintf(buf, len, "an unidentified connection from %s port %u", host, port);
+    return buf;
+}
+
 /*
- * A HELLO arrived on incoming c. If we opened a connection to the same peer at
- * the same time and the peer's id is lower, its connection wins: retire ours
- * behind a SWITCH and plug c until the answer.
+ * Anyone can connect to the listener: a port scanner, a health check, a rank
+ * of another job (or of an earlier run) dialing an address that is now ours.
+ * Its HELLO must be a tern tcp peer's of this protocol version and, where we
+ * have an endpoint for the id it claims (our own id included: a transport may
+ * have an endpoint to itself), come from the process that endpoint's address
+ * named (the instance). Otherwise nothing it sent is delivered: the
+ * connection is closed with a warning and no event, so no rank is taken for
+ * lost or heard from on a stranger's word.
  */
-static void hello_arrived(conn_t *c)
+static const char *hello_refusal(const conn_t *c, uint32_t peer, uint64_t instance)
+{
+    const tcp_tp_t *t = c->tp;
+    const tcp_ep_t *ep;
+
+    if (tern__get_le32(c->hello) != ADDR_MAGIC || c->hello[4] != ADDR_VERSION ||
+        c->hello[5] != 0 || c->hello[6] != 0 || c->hello[7] != 0)
+        return "its HELLO is not a tern tcp provider's of this version";
+    for (ep = t->eps; ep != NULL; ep = ep->next)
+        if (ep->base.peer == peer && ep->peer_instance != instance)
+            return "it claims a peer id whose endpoint names another process "
+                   "(another job, or an earlier run of this one)";
+    return NULL;
+}
+
+/*
+ * A HELLO arrived on incoming c: check it (hello_refusal), then, if we opened
+ * a connection to the same peer at the same time and the peer's id is lower,
+ * its connection wins: retire ours behind a SWITCH and plug c until the
+ * answer. Returns false when c was refused (and is closed).
+ */
+static bool hello_arrived(conn_t *c)
 {
     tcp_tp_t *t = c->tp;
+    uint32_t peer = tern__get_le32(c->hello + 8);
+    uint64_t instance = tern__get_le64(c->hello + 12);
+    const char *why = hello_refusal(c, peer, instance);
+    char who[96];
+
+    if (why != NULL) {
+        tern_warn("tcp: refused %s claiming id %u: %s; closed", conn_who(c, who, sizeof(who)),
+                  peer, why);
+        conn_fail(c, TERN_ERR_PROTOCOL);
+        return false;
+    }
+    c->peer = peer;
+    c->peer_instance = instance;
+    c->hello_seen = true;
+    c->rx_state = RX_HDR;
     tcp_ep_t *ep = ep_of_peer(t, c->peer);
     if (ep == NULL || c->peer >= t->base.self_id || ep->conn == c || ep->conn->incoming ||
         ep->conn->state == C_DEAD || ep->peer_instance != c->peer_instance)
-        return; /* no crossing, or ours wins and the peer switches */
+        return true; /* no crossing, or ours wins and the peer switches */
     conn_t *old = ep->conn;
     frame_t f = {.type = F_SWITCH};
     txreq_t *r = txreq_new(&f, NULL, 0);
     if (r == NULL) {
         tern_warn("tcp: no memory to switch connections with peer %u; keeping two", c->peer);
-        return;
+        return true;
     }
     enqueue(old, r);
     old->ep = NULL;
@@ -840,6 +912,7 @@ static void hello_arrived(conn_t *c)
     c->ep = ep;
     c->plugged = true;
     flush_tx(old);
+    return c->state != C_DEAD;
 }
 
 /* The peer has handled everything sent on retired c: unplug the winner and
@@ -986,10 +1059,12 @@ static bool header_arrived(conn_t *c)
     }
     c->rx_state = RX_PAYLOAD;
     return true;
-bad:
-    tern_warn("tcp: protocol violation from peer %u (frame type %u, %" PRIu64
+bad: {
+    char who[96];
+    tern_warn("tcp: protocol violation from %s (frame type %u, %" PRIu64
               " payload bytes); closing the connection",
-              c->peer, f->type, f->payload);
+              conn_who(c, who, sizeof(who)), f->type, f->payload);
+}
     conn_fail(c, TERN_ERR_PROTOCOL);
     return false;
 }
@@ -1133,11 +1208,8 @@ static void on_readable(conn_t *c)
             continue;
         }
         if (c->cur.type == F_HELLO) {
-            c->peer = tern__get_le32(c->hello);
-            c->peer_instance = tern__get_le64(c->hello + 4);
-            c->hello_seen = true;
-            c->rx_state = RX_HDR;
-            hello_arrived(c);
+            if (!hello_arrived(c))
+                return;
         } else {
             payload_done(c);
         }
@@ -1507,8 +1579,12 @@ static tern_status_t dial(tcp_tp_t *t, uint32_t peer, const struct sockaddr_stor
         return tern__error(TERN_ERR_NO_MEMORY, "tcp: no memory for a connection");
     }
     c->peer = peer;
-    tern__put_le32(r->small, t->base.self_id);
-    tern__put_le64(r->small + 4, t->instance);
+    /* The address's magic and version: one protocol, and a stranger (another
+     * program, another tern build) is told apart before it is heard. */
+    tern__put_le32(r->small, ADDR_MAGIC);
+    r->small[4] = ADDR_VERSION;
+    tern__put_le32(r->small + 8, t->base.self_id);
+    tern__put_le64(r->small + 12, t->instance);
     r->iov[1] = (struct iovec){r->small, HELLO_LEN};
     r->iovcnt = 2;
     enqueue(c, r);
@@ -1541,6 +1617,16 @@ static tern_status_t tcp_ep_create(tern_transport_t *tp, uint32_t peer, const vo
     c->ep = ep;
     ep->next = t->eps;
     t->eps = ep;
+    /* A connection that claimed this id before the endpoint said which
+     * process has it, and is another (hello_refusal): heard no longer. */
+    for (conn_t *o = t->conns; o != NULL; o = o->next)
+        if (o->incoming && o->hello_seen && o->ep == NULL && !o->retired && o->peer == peer &&
+            o->peer_instance != instance && o->state != C_DEAD) {
+            tern_warn("tcp: closed a connection that claimed to be peer %u: the endpoint made "
+                      "for that id names another process (another job, or an earlier run)",
+                      peer);
+            conn_fail(o, TERN_ERR_PROTOCOL);
+        }
     *ep_out = &ep->base;
     return TERN_OK;
 }
