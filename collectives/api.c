@@ -19,10 +19,12 @@
  * the measurements behind them). */
 #define AR_RD_MAX (16u * 1024)       /* all_reduce: recursive doubling up to this */
 /* all_reduce: then Rabenseifner up to these (docs/collectives.md has the
- * measurements), then the ring: on 4, 8, 16... ranks; on 2, where above it the
- * ring's overlap of reduction and transfer wins; on any other size, where
- * Rabenseifner first folds whole buffers in. */
+ * measurements), then the ring: on 4, 8, 16... ranks over shared memory, and
+ * over a network path; on 2, where above it the ring's overlap of reduction
+ * and transfer wins; on any other size, where Rabenseifner first folds whole
+ * buffers in. */
 #define AR_RAB_MAX (32u << 20)
+#define AR_RAB_MAX_NET (8u << 20)
 #define AR_RAB_MAX_PAIR (8u << 20)
 #define AR_RAB_MAX_FOLD (1u << 20)
 #define TREE_MAX (256u * 1024)       /* broadcast/reduce: binomial tree up to this */
@@ -158,7 +160,9 @@ static size_t rab_max(const tern_group_t *g, bool in_place)
      * each call above what a context keeps, and the ring is faster there. */
     if (n == 2)
         return host_shm(g) && !in_place ? SIZE_MAX : AR_RAB_MAX_PAIR;
-    return (n & (n - 1)) == 0 ? AR_RAB_MAX : AR_RAB_MAX_FOLD;
+    if ((n & (n - 1)) != 0)
+        return AR_RAB_MAX_FOLD;
+    return host_shm(g) ? AR_RAB_MAX : AR_RAB_MAX_NET;
 }
 
 tern_status_t tern_all_reduce(tern_group_t *g, const void *sbuf, void *rbuf, size_t count,
