@@ -124,7 +124,18 @@ struct tern__comm {
     size_t eager_limit;
     size_t coll_eager_limit; /* the same for messages of communicators other than 0 */
     size_t credit_per_peer;
-    int64_t *credits;         /* [world] eager bytes this rank may still send to each peer */
+    /* [world] what this rank and each peer agreed (tern__p2p_terms_take, as
+     * the endpoint opens; zero until then, which sends by rendezvous, safe
+     * whatever the peer expects): both ends of a pair decide alike whether a
+     * collective's message goes eager, into an offered buffer or by RTS,
+     * whatever each rank's TERN_COLL_EAGER_LIMIT and TERN_COLL_RTR say. */
+    struct tern__pair {
+        size_t coll_eager; /* the smaller of the two ranks' coll_eager_limit */
+        bool rtr;          /* both offer */
+    } *pair;
+    bool terms_told;          /* a peer's differing terms were logged at warn level */
+    int64_t *credits;         /* [world] eager bytes this rank may still send to each peer
+                               * (from the peer's own credit_per_peer, as the endpoint opens) */
     size_t *consumed;         /* [world] eager bytes from each peer consumed, not yet returned */
     /* Messages (eager or rendezvous, any cid) numbered per pair of ranks from
      * 1, the number's low bits in the immediate's slot: the profiler links a
@@ -141,7 +152,8 @@ struct tern__comm {
     tern_request_t *rndv_sends; /* sends waiting for their FIN */
     /* Offered receive buffers (p2p.c, TERN__P2P_RTR): on for collectives
      * where the transport revokes keys; sends waiting for their receiver's
-     * offer; offers that came before their send. */
+     * offer; offers that came before their send. rtr_on: this rank's side
+     * (a pair uses them where both ranks have it on: pair[].rtr). */
     bool rtr_on;
     tern_request_t *rtr_waits;
     tern_request_t *rtr_ready, *rtr_ready_tail; /* offered, waiting for the put window */
@@ -302,6 +314,12 @@ void tern__comm_coll_poll_locked(tern__comm_t *comm, bool check_time);
 /* p2p.c: the protocol */
 tern_status_t tern__p2p_init(tern__comm_t *comm);
 void tern__p2p_fini(tern__comm_t *comm);
+/* This rank's terms, as published after its transport address (TERN__TERMS_LEN
+ * bytes), and a peer's, taken as its endpoint opens: what the pair agrees
+ * (comm->pair) and the credit the peer gives us. */
+#define TERN__TERMS_LEN 32
+void tern__p2p_terms_pack(const tern__comm_t *comm, uint8_t *out);
+tern_status_t tern__p2p_terms_take(tern__comm_t *comm, int r, const uint8_t *terms);
 /* Free the recycled requests and bounce buffers: after the transport is
  * closed, whose last callbacks may still return some. */
 void tern__p2p_free_caches(tern__comm_t *comm);

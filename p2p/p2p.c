@@ -1071,20 +1071,29 @@ TERN__HOT tern_status_t check_send(tern__comm_t *comm, const void *buf, size_t l
     if (dst < 0 || (unsigned)dst >= comm->world)
         return tern__error(TERN_ERR_INVALID_PARAM, "send: rank %d is not in the world of %u", dst,
                            comm->world);
+    if (__builtin_expect(comm->eps[dst] == NULL, 0)) {
+        tern_ep_t *ep; /* the pair's terms (eager_fits, rtr_fits) come with it */
+        return tern__comm_ep(comm, dst, &ep);
+    }
     return TERN_OK;
 }
 
+/* Whether a send goes eager. A collective's decides by the pair's terms, as
+ * its receiver does (rtr_fits); p2p's by this rank's limit alone, since its
+ * receiver takes either form. */
 static bool eager_fits(const tern__comm_t *comm, uint32_t cid, size_t len, int dst)
 {
-    return len <= (cid == 0 ? comm->eager_limit : comm->coll_eager_limit) &&
+    return len <= (cid == 0 ? comm->eager_limit : comm->pair[dst].coll_eager) &&
            comm->credits[dst] >= (int64_t)len;
 }
 
-/* Whether a message of len bytes with flags goes into an offered buffer;
- * sender and receiver decide alike. */
-static bool rtr_fits(const tern__comm_t *comm, uint32_t cid, size_t len, unsigned flags)
+/* Whether a message of len bytes with flags between this rank and peer goes
+ * into an offered buffer; sender and receiver decide alike, by the pair's
+ * terms (known once the endpoint to peer is open: both sides open it first). */
+static bool rtr_fits(const tern__comm_t *comm, uint32_t cid, size_t len, unsigned flags, int peer)
 {
-    return (flags & TERN__P2P_RTR) && comm->rtr_on && cid != 0 && len > comm->coll_eager_limit;
+    return (flags & TERN__P2P_RTR) && cid != 0 && comm->pair[peer].rtr &&
+           len > comm->pair[peer].coll_eager;
 }
 
 /* Offer a send's buffer to its receiver (lock held): RTS, then its FIN. */
@@ -1239,7 +1248,7 @@ tern_status_t tern__p2p_isend_locked(tern__comm_t *comm, uint32_t cid, const voi
         if ((st = send_eager(comm, cid, buf, len, dst, tag, shape, &req->seq)) != TERN_OK)
             goto fail;
         tern__req_complete(req, TERN_OK); /* the payload is ours now: the buffer is free */
-    } else if (rtr_fits(comm, cid, len, flags)) {
+    } else if (rtr_fits(comm, cid, len, flags, dst)) {
         rtr_t *k = rtr_take(comm, dst, cid, tag, 0, false);
         if (k != NULL) {
             put_or_queue(comm, req, k); /* completes req if it fails */
@@ -1371,7 +1380,11 @@ TERN__HOT tern_status_t irecv_post(tern__comm_t *comm, uint32_t cid, void *buf, 
         else
             comm->posted_head = req;
         comm->posted_tail = req;
-        if (src != TERN_ANY_SOURCE && rtr_fits(comm, cid, cap, flags))
+        if (src != TERN_ANY_SOURCE && (flags & TERN__P2P_RTR) && comm->eps[src] == NULL) {
+            tern_ep_t *ep; /* the pair's terms (rtr_fits); failing, no offer is made */
+            (void)tern__comm_ep(comm, src, &ep);
+        }
+        if (src != TERN_ANY_SOURCE && rtr_fits(comm, cid, cap, flags, src))
             rtr_offer(comm, req);
     } else if (u->rndv) {
         get_or_queue(comm, req, u);
@@ -1542,6 +1555,47 @@ static size_t eager_cap(const tern__comm_t *comm, uint64_t limit, size_t hdr)
     return limit < most ? (size_t)limit : most;
 }
 
+/* Terms: magic u32 "TP2P", version u32, coll_eager_limit u64, credit_per_peer
+ * u64, flags u32 (bit 0: rtr_on), 0 u32; little-endian. */
+#define TERMS_MAGIC 0x50325054u
+#define TERMS_VERSION 1u
+#define TERMS_RTR 1u
+
+void tern__p2p_terms_pack(const tern__comm_t *comm, uint8_t *out)
+{
+    memset(out, 0, TERN__TERMS_LEN);
+    tern__put_le32(out, TERMS_MAGIC);
+    tern__put_le32(out + 4, TERMS_VERSION);
+    tern__put_le64(out + 8, comm->coll_eager_limit);
+    tern__put_le64(out + 16, comm->credit_per_peer);
+    tern__put_le32(out + 24, comm->rtr_on ? TERMS_RTR : 0);
+}
+
+tern_status_t tern__p2p_terms_take(tern__comm_t *comm, int r, const uint8_t *t)
+{
+    if (tern__get_le32(t) != TERMS_MAGIC || tern__get_le32(t + 4) != TERMS_VERSION)
+        return tern__error(TERN_ERR_PROTOCOL, "rank %d's p2p terms are of another version "
+                           "(is every rank the same tern build?)", r);
+    uint64_t eager = tern__get_le64(t + 8), credit = tern__get_le64(t + 16);
+    bool rtr = (tern__get_le32(t + 24) & TERMS_RTR) != 0;
+    if (eager != comm->coll_eager_limit || credit != comm->credit_per_peer || rtr != comm->rtr_on) {
+        /* Settings that differ across ranks are most often a mistake: say so
+         * once, not once per peer. */
+        TERN__LOG(comm->terms_told ? TERN_LOG_DEBUG : TERN_LOG_WARN,
+                 "p2p: rank %d runs with other settings: TERN_COLL_EAGER_LIMIT %" PRIu64
+                 " (ours %zu), eager credit %" PRIu64 " (TERN_UNEXPECTED_MAX / ranks; ours %zu), "
+                 "TERN_COLL_RTR %s (ours %s); each pair uses the smaller eager limit, offered "
+                 "buffers only if both ranks use them, and the receiver's credit",
+                 r, eager, comm->coll_eager_limit, credit, comm->credit_per_peer,
+                 rtr ? "on" : "off", comm->rtr_on ? "on" : "off");
+        comm->terms_told = true;
+    }
+    comm->pair[r].coll_eager = eager < comm->coll_eager_limit ? (size_t)eager : comm->coll_eager_limit;
+    comm->pair[r].rtr = rtr && comm->rtr_on;
+    comm->credits[r] = credit > INT64_MAX ? INT64_MAX : (int64_t)credit;
+    return TERN_OK;
+}
+
 tern_status_t tern__p2p_init(tern__comm_t *comm)
 {
     const tern__config_t *cfg = tern__ctx_config(comm->ctx);
@@ -1549,6 +1603,7 @@ tern_status_t tern__p2p_init(tern__comm_t *comm)
     comm->coll_eager_limit = eager_cap(comm, cfg->coll_eager_limit, eager_hdr(1));
     comm->rtr_on = cfg->coll_rtr && comm->attr.revokes_keys;
     comm->credit_per_peer = cfg->unexpected_max / comm->world;
+    comm->pair = calloc(comm->world, sizeof(*comm->pair));
     comm->credits = calloc(comm->world, sizeof(*comm->credits));
     comm->consumed = calloc(comm->world, sizeof(*comm->consumed));
     comm->sent = calloc(comm->world, sizeof(*comm->sent));
@@ -1556,14 +1611,12 @@ tern_status_t tern__p2p_init(tern__comm_t *comm)
     comm->put_bytes = calloc(comm->world, sizeof(*comm->put_bytes));
     comm->put_window = calloc(comm->world, sizeof(*comm->put_window));
     comm->get_bytes = calloc(comm->world, sizeof(*comm->get_bytes));
-    if (comm->credits == NULL || comm->consumed == NULL || comm->sent == NULL ||
+    if (comm->pair == NULL || comm->credits == NULL || comm->consumed == NULL || comm->sent == NULL ||
         comm->arrived == NULL || comm->put_bytes == NULL || comm->put_window == NULL ||
         comm->get_bytes == NULL)
         return tern__error(TERN_ERR_NO_MEMORY, "p2p: no memory");
-    for (unsigned r = 0; r < comm->world; r++) {
-        comm->credits[r] = (int64_t)comm->credit_per_peer;
+    for (unsigned r = 0; r < comm->world; r++)
         comm->put_window[r] = comm->attr.rx_window; /* until the peer's first offer */
-    }
     tern__comm_set_handler(comm, TERN_IMM_P2P_EAGER, on_eager, NULL);
     tern__comm_set_handler(comm, TERN_IMM_P2P_RNDV, on_rndv, NULL);
     tern__comm_set_handler(comm, TERN_IMM_CONTROL, on_control, NULL);
@@ -1606,6 +1659,8 @@ void tern__p2p_fini(tern__comm_t *comm)
     free(comm->dead_cids);
     comm->dead_cids = NULL;
     comm->ndead = comm->dead_cap = 0;
+    free(comm->pair);
+    comm->pair = NULL;
     free(comm->credits);
     free(comm->consumed);
     free(comm->sent);

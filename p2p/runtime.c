@@ -120,7 +120,14 @@ tern_status_t tern__comm_ep_open(tern__comm_t *comm, int r, tern_ep_t **ep)
         snprintf(detail, sizeof(detail), "%s", tern_last_error());
         return tern__error(st, "no endpoint to rank %d: its address: %s", r, detail);
     }
-    st = tern_ep_create(comm->tp, (uint32_t)r, addr, len, &comm->eps[r]);
+    /* The transport's address, then the rank's p2p terms (comm_open). */
+    if (len < TERN__TERMS_LEN)
+        st = tern__error(TERN_ERR_PROTOCOL, "rank %d's address is %zu bytes: too short for "
+                         "its p2p terms (is every rank the same tern build?)", r, len);
+    else
+        st = tern__p2p_terms_take(comm, r, (const uint8_t *)addr + len - TERN__TERMS_LEN);
+    if (st == TERN_OK)
+        st = tern_ep_create(comm->tp, (uint32_t)r, addr, len - TERN__TERMS_LEN, &comm->eps[r]);
     free(addr);
     if (st == TERN_OK)
         *ep = comm->eps[r];
@@ -272,8 +279,8 @@ static tern_status_t comm_open(tern_ctx_t *ctx)
     tern__comm_t *comm = calloc(1, sizeof(*comm));
     tern_status_t st;
     char key[64];
-    uint8_t addr[TERN_ADDR_MAX];
-    size_t alen = sizeof(addr);
+    uint8_t addr[TERN_ADDR_MAX + TERN__TERMS_LEN];
+    size_t alen = TERN_ADDR_MAX;
 
     if (comm == NULL)
         return tern__error(TERN_ERR_NO_MEMORY, "tern_init: no memory");
@@ -321,6 +328,9 @@ static tern_status_t comm_open(tern_ctx_t *ctx)
         goto fail;
     if ((st = tern_transport_address(comm->tp, addr, &alen)) != TERN_OK)
         goto fail;
+    /* The terms a peer needs before its first message to us (p2p.c). */
+    tern__p2p_terms_pack(comm, addr + alen);
+    alen += TERN__TERMS_LEN;
     addr_key(key, sizeof(key), (int)comm->rank);
     if ((st = tern_store_set(tern_ctx_store(ctx), key, addr, alen)) != TERN_OK)
         goto fail;
