@@ -1071,11 +1071,15 @@ TERN__HOT tern_status_t check_send(tern__comm_t *comm, const void *buf, size_t l
     if (dst < 0 || (unsigned)dst >= comm->world)
         return tern__error(TERN_ERR_INVALID_PARAM, "send: rank %d is not in the world of %u", dst,
                            comm->world);
-    if (__builtin_expect(comm->eps[dst] == NULL, 0)) {
-        tern_ep_t *ep; /* the pair's terms (eager_fits, rtr_fits) come with it */
-        return tern__comm_ep(comm, dst, &ep);
-    }
     return TERN_OK;
+}
+
+/* The endpoint to dst, and with it the pair's terms (eager_fits, rtr_fits),
+ * before a send decides how it goes (lock held). */
+TERN__HOT tern_status_t pair_open(tern__comm_t *comm, int dst)
+{
+    tern_ep_t *ep;
+    return __builtin_expect(comm->eps[dst] != NULL, 1) ? TERN_OK : tern__comm_ep(comm, dst, &ep);
 }
 
 /* Whether a send goes eager. A collective's decides by the pair's terms, as
@@ -1237,7 +1241,8 @@ tern_status_t tern__p2p_isend_locked(tern__comm_t *comm, uint32_t cid, const voi
     tern_request_t *req;
     tern_status_t st;
 
-    if ((st = check_send(comm, buf, len, dst, tag)) != TERN_OK)
+    if ((st = check_send(comm, buf, len, dst, tag)) != TERN_OK ||
+        (st = pair_open(comm, dst)) != TERN_OK)
         return st;
     if ((req = req_new(comm)) == NULL)
         return tern__error(TERN_ERR_NO_MEMORY, "isend: no memory");
@@ -1768,6 +1773,10 @@ TERN__HOT tern_status_t p2p_send(tern__comm_t *comm, uint32_t cid, const void *b
     if (st != TERN_OK)
         return st;
     tern__comm_lock(comm);
+    if ((st = pair_open(comm, dst)) != TERN_OK) {
+        tern__comm_unlock(comm);
+        return st;
+    }
     if (eager_fits(comm, cid, len, dst)) {
         st = send_eager(comm, cid, buf, len, dst, tag, 0, seq);
         tern__comm_unlock(comm);
