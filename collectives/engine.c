@@ -387,8 +387,9 @@ static void reap(tern__coll_t *c, step_t *s, hold_t *h)
     }
     if (s->kind == STEP_RECV && (st == TERN_ERR_TRUNCATED || (st == TERN_OK && info.len != s->n))) {
         fail(c, TERN_ERR_MISMATCH,
-             "rank %d sent %zu bytes where %zu were expected (do counts or dtypes differ "
-             "across ranks?)", w, info.len, s->n);
+             "rank %d sent %zu bytes where %zu were expected (do counts, dtypes or "
+             "TERN_COLL_* settings differ across ranks?)",
+             w, info.len, s->n);
         return;
     }
     if (st == TERN_ERR_TRUNCATED) {

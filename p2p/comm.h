@@ -134,6 +134,7 @@ struct tern__comm {
         bool rtr;          /* both offer */
     } *pair;
     bool terms_told;          /* a peer's differing terms were logged at warn level */
+    bool coll_terms_told;     /* a peer's differing collective settings were too */
     int64_t *credits;         /* [world] eager bytes this rank may still send to each peer
                                * (from the peer's own credit_per_peer, as the endpoint opens) */
     size_t *consumed;         /* [world] eager bytes from each peer consumed, not yet returned */
@@ -317,7 +318,7 @@ void tern__p2p_fini(tern__comm_t *comm);
 /* This rank's terms, as published after its transport address (TERN__TERMS_LEN
  * bytes), and a peer's, taken as its endpoint opens: what the pair agrees
  * (comm->pair) and the credit the peer gives us. */
-#define TERN__TERMS_LEN 32
+#define TERN__TERMS_LEN 48
 void tern__p2p_terms_pack(const tern__comm_t *comm, uint8_t *out);
 tern_status_t tern__p2p_terms_take(tern__comm_t *comm, int r, const uint8_t *terms);
 /* Free the recycled requests and bounce buffers: after the transport is

@@ -1561,19 +1561,32 @@ static size_t eager_cap(const tern__comm_t *comm, uint64_t limit, size_t hdr)
 }
 
 /* Terms: magic u32 "TP2P", version u32, coll_eager_limit u64, credit_per_peer
- * u64, flags u32 (bit 0: rtr_on), 0 u32; little-endian. */
+ * u64, flags u32 (bit 0: rtr_on), 0 u32, then the collectives' settings that
+ * every rank must share: TERN_COLL_SEGMENT u64, the TERN_COLL_ALGO_* choices
+ * u32 (4 bits each: all_reduce, broadcast, reduce, all_gather, all_to_all),
+ * 0 u32; little-endian. */
 #define TERMS_MAGIC 0x50325054u
-#define TERMS_VERSION 1u
+#define TERMS_VERSION 2u
 #define TERMS_RTR 1u
+
+static uint32_t coll_algos(const tern__config_t *cfg)
+{
+    return (uint32_t)(cfg->coll_algo_allreduce & 15) | (uint32_t)(cfg->coll_algo_broadcast & 15) << 4 |
+           (uint32_t)(cfg->coll_algo_reduce & 15) << 8 | (uint32_t)(cfg->coll_algo_allgather & 15) << 12 |
+           (uint32_t)(cfg->coll_algo_alltoall & 15) << 16;
+}
 
 void tern__p2p_terms_pack(const tern__comm_t *comm, uint8_t *out)
 {
+    const tern__config_t *cfg = tern__ctx_config(comm->ctx);
     memset(out, 0, TERN__TERMS_LEN);
     tern__put_le32(out, TERMS_MAGIC);
     tern__put_le32(out + 4, TERMS_VERSION);
     tern__put_le64(out + 8, comm->coll_eager_limit);
     tern__put_le64(out + 16, comm->credit_per_peer);
     tern__put_le32(out + 24, comm->rtr_on ? TERMS_RTR : 0);
+    tern__put_le64(out + 32, cfg->coll_segment);
+    tern__put_le32(out + 40, coll_algos(cfg));
 }
 
 tern_status_t tern__p2p_terms_take(tern__comm_t *comm, int r, const uint8_t *t)
@@ -1594,6 +1607,18 @@ tern_status_t tern__p2p_terms_take(tern__comm_t *comm, int r, const uint8_t *t)
                  r, eager, comm->coll_eager_limit, credit, comm->credit_per_peer,
                  rtr ? "on" : "off", comm->rtr_on ? "on" : "off");
         comm->terms_told = true;
+    }
+    /* These shape every collective's messages: no pair can make up for them. */
+    const tern__config_t *cfg = tern__ctx_config(comm->ctx);
+    uint64_t seg = tern__get_le64(t + 32);
+    uint32_t algos = tern__get_le32(t + 40);
+    if (seg != cfg->coll_segment || algos != coll_algos(cfg)) {
+        TERN__LOG(comm->coll_terms_told ? TERN_LOG_DEBUG : TERN_LOG_WARN,
+                  "p2p: rank %d runs with other collective settings (TERN_COLL_SEGMENT %" PRIu64
+                  ", ours %" PRIu64 "; TERN_COLL_ALGO_* %s ours): collectives with it will fail "
+                  "as mismatched; set these alike on every rank",
+                  r, seg, cfg->coll_segment, algos == coll_algos(cfg) ? "the same as" : "other than");
+        comm->coll_terms_told = true;
     }
     comm->pair[r].coll_eager = eager < comm->coll_eager_limit ? (size_t)eager : comm->coll_eager_limit;
     comm->pair[r].rtr = rtr && comm->rtr_on;
