@@ -1385,11 +1385,9 @@ TERN__HOT tern_status_t irecv_post(tern__comm_t *comm, uint32_t cid, void *buf, 
         else
             comm->posted_head = req;
         comm->posted_tail = req;
-        if (src != TERN_ANY_SOURCE && (flags & TERN__P2P_RTR) && comm->eps[src] == NULL) {
-            tern_ep_t *ep; /* the pair's terms (rtr_fits); failing, no offer is made */
-            (void)tern__comm_ep(comm, src, &ep);
-        }
-        if (src != TERN_ANY_SOURCE && rtr_fits(comm, cid, cap, flags, src))
+        /* The pair's terms first (rtr_fits); failing, no offer is made. */
+        if (src != TERN_ANY_SOURCE && (flags & TERN__P2P_RTR) && pair_open(comm, src) == TERN_OK &&
+            rtr_fits(comm, cid, cap, flags, src))
             rtr_offer(comm, req);
     } else if (u->rndv) {
         get_or_queue(comm, req, u);
@@ -1611,13 +1609,13 @@ tern_status_t tern__p2p_terms_take(tern__comm_t *comm, int r, const uint8_t *t)
     /* These shape every collective's messages: no pair can make up for them. */
     const tern__config_t *cfg = tern__ctx_config(comm->ctx);
     uint64_t seg = tern__get_le64(t + 32);
-    uint32_t algos = tern__get_le32(t + 40);
-    if (seg != cfg->coll_segment || algos != coll_algos(cfg)) {
+    bool same_algos = tern__get_le32(t + 40) == coll_algos(cfg);
+    if (seg != cfg->coll_segment || !same_algos) {
         TERN__LOG(comm->coll_terms_told ? TERN_LOG_DEBUG : TERN_LOG_WARN,
                   "p2p: rank %d runs with other collective settings (TERN_COLL_SEGMENT %" PRIu64
                   ", ours %" PRIu64 "; TERN_COLL_ALGO_* %s ours): collectives with it will fail "
                   "as mismatched; set these alike on every rank",
-                  r, seg, cfg->coll_segment, algos == coll_algos(cfg) ? "the same as" : "other than");
+                  r, seg, cfg->coll_segment, same_algos ? "the same as" : "other than");
         comm->coll_terms_told = true;
     }
     comm->pair[r].coll_eager = eager < comm->coll_eager_limit ? (size_t)eager : comm->coll_eager_limit;

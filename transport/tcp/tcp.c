@@ -816,31 +816,40 @@ static tcp_ep_t *ep_of_peer(tcp_tp_t *t, uint32_t peer)
     return NULL;
 }
 
+/* "host:port" of an IPv4 or IPv6 socket address, "?" for anything else. */
+static void addr_text(const struct sockaddr_storage *ss, char *buf, size_t len)
+{
+    char host[INET6_ADDRSTRLEN];
+
+    if (ss->ss_family == AF_INET) {
+        const struct sockaddr_in *s4 = (const struct sockaddr_in *)ss;
+        inet_ntop(AF_INET, &s4->sin_addr, host, sizeof(host));
+        snprintf(buf, len, "%s:%u", host, ntohs(s4->sin_port));
+    } else if (ss->ss_family == AF_INET6) {
+        const struct sockaddr_in6 *s6 = (const struct sockaddr_in6 *)ss;
+        inet_ntop(AF_INET6, &s6->sin6_addr, host, sizeof(host));
+        snprintf(buf, len, "%s:%u", host, ntohs(s6->sin6_port));
+    } else {
+        snprintf(buf, len, "?");
+    }
+}
+
 /* Who is at the other end of c, for a log line: "peer N" once known, else
  * the address it connected from. */
 static const char *conn_who(const conn_t *c, char *buf, size_t len)
 {
-    struct sockaddr_storage ss;
+    struct sockaddr_storage ss = {0};
     socklen_t sl = sizeof(ss);
-    char host[INET6_ADDRSTRLEN] = "?";
-    unsigned port = 0;
+    char where[INET6_ADDRSTRLEN + 8];
 
     if (!c->incoming || c->hello_seen) {
         snprintf(buf, len, "peer %u", c->peer);
         return buf;
     }
-    if (getpeername(c->fd, (struct sockaddr *)&ss, &sl) == 0) {
-        if (ss.ss_family == AF_INET) {
-            const struct sockaddr_in *s4 = (const struct sockaddr_in *)&ss;
-            inet_ntop(AF_INET, &s4->sin_addr, host, sizeof(host));
-            port = ntohs(s4->sin_port);
-        } else if (ss.ss_family == AF_INET6) {
-            const struct sockaddr_in6 *s6 = (const struct sockaddr_in6 *)&ss;
-            inet_ntop(AF_INET6, &s6->sin6_addr, host, sizeof(host));
-            port = ntohs(s6->sin6_port);
-        }
-    }
-    snprintf(buf, len, "an unidentified connection from %s port %u", host, port);
+    if (getpeername(c->fd, (struct sockaddr *)&ss, &sl) != 0)
+        ss.ss_family = AF_UNSPEC;
+    addr_text(&ss, where, sizeof(where));
+    snprintf(buf, len, "an unidentified connection from %s", where);
     return buf;
 }
 
@@ -856,16 +865,14 @@ static const char *conn_who(const conn_t *c, char *buf, size_t len)
  */
 static const char *hello_refusal(const conn_t *c, uint32_t peer, uint64_t instance)
 {
-    const tcp_tp_t *t = c->tp;
-    const tcp_ep_t *ep;
+    const tcp_ep_t *ep = ep_of_peer(c->tp, peer);
 
     if (tern__get_le32(c->hello) != ADDR_MAGIC || c->hello[4] != ADDR_VERSION ||
         c->hello[5] != 0 || c->hello[6] != 0 || c->hello[7] != 0)
         return "its HELLO is not a tern tcp provider's of this version";
-    for (ep = t->eps; ep != NULL; ep = ep->next)
-        if (ep->base.peer == peer && ep->peer_instance != instance)
-            return "it claims a peer id whose endpoint names another process "
-                   "(another job, or an earlier run of this one)";
+    if (ep != NULL && ep->peer_instance != instance)
+        return "it claims a peer id whose endpoint names another process "
+               "(another job, or an earlier run of this one)";
     return NULL;
 }
 
@@ -1489,7 +1496,6 @@ static tern_status_t tcp_open(const tern__tp_config_t *cfg, tern_transport_t **t
     struct sockaddr_storage ss;
     socklen_t sslen = 0;
     tern_status_t st;
-    char host[INET6_ADDRSTRLEN] = "?";
 
     if (t == NULL)
         return tern__error(TERN_ERR_NO_MEMORY, "tcp: no memory");
@@ -1523,12 +1529,7 @@ static tern_status_t tcp_open(const tern__tp_config_t *cfg, tern_transport_t **t
         goto fail;
     }
     build_address(t, &ss);
-    if (ss.ss_family == AF_INET)
-        inet_ntop(AF_INET, &((struct sockaddr_in *)&ss)->sin_addr, host, sizeof(host));
-    else
-        inet_ntop(AF_INET6, &((struct sockaddr_in6 *)&ss)->sin6_addr, host, sizeof(host));
-    snprintf(t->base.attr.device, sizeof(t->base.attr.device), "%s:%u", host,
-             ntohs(((struct sockaddr_in *)&ss)->sin_port));
+    addr_text(&ss, t->base.attr.device, sizeof(t->base.attr.device));
     t->base.attr.max_send = MAX_SEND;
     t->base.attr.max_inline = TCP_INLINE;
     t->base.attr.max_put = MAX_PUT;
@@ -1546,12 +1547,19 @@ fail:
 
 /* ---- endpoints ---- */
 
+/* Whether c is an open connection whose HELLO claimed peer and that no
+ * endpoint has taken (yet). */
+static bool unadopted_from(const conn_t *c, uint32_t peer)
+{
+    return c->incoming && c->hello_seen && c->ep == NULL && !c->retired && c->state == C_OPEN &&
+           c->peer == peer;
+}
+
 /* The peer's open connection to us, if it opened one first (HELLO seen). */
 static conn_t *adoptable(tcp_tp_t *t, uint32_t peer, uint64_t instance)
 {
     for (conn_t *c = t->conns; c != NULL; c = c->next)
-        if (c->incoming && c->hello_seen && !c->bye_seen && c->ep == NULL && !c->retired &&
-            c->state == C_OPEN && c->peer == peer && c->peer != t->base.self_id &&
+        if (unadopted_from(c, peer) && !c->bye_seen && c->peer != t->base.self_id &&
             c->peer_instance == instance)
             return c;
     return NULL;
@@ -1620,8 +1628,7 @@ static tern_status_t tcp_ep_create(tern_transport_t *tp, uint32_t peer, const vo
     /* A connection that claimed this id before the endpoint said which
      * process has it, and is another (hello_refusal): heard no longer. */
     for (conn_t *o = t->conns; o != NULL; o = o->next)
-        if (o->incoming && o->hello_seen && o->ep == NULL && !o->retired && o->peer == peer &&
-            o->peer_instance != instance && o->state != C_DEAD) {
+        if (unadopted_from(o, peer) && o->peer_instance != instance) {
             tern_warn("tcp: closed a connection that claimed to be peer %u: the endpoint made "
                       "for that id names another process (another job, or an earlier run)",
                       peer);
