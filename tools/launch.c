@@ -6,10 +6,13 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <hwloc.h>
+#include <hwloc/glibc-sched.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -24,6 +27,8 @@
 #include <tern/clock.h>
 #include <tern/defs.h>
 
+#include "core/error.h"
+#include "core/topology.h"
 #include "launch.h"
 #include "lines.h"
 
@@ -103,6 +108,8 @@ typedef struct job {
     uint64_t timeout_at; /* 0: none */
     uint64_t drain_at;   /* 0: not yet draining */
     bool out_reported;   /* said that stdout broke */
+    cpu_set_t *cores;    /* --bind-to core: the PUs of each core tern-run may use */
+    unsigned ncores;
 } job_t;
 
 /* ---- messages ---- */
@@ -265,10 +272,81 @@ static void restore_handlers(job_t *job)
     job->handlers_set = false;
 }
 
+/*
+ * --bind-to core: the cores within tern-run's own affinity (what taskset,
+ * srun or a cgroup left it), in hwloc's order, each as the PUs of it that
+ * tern-run may use. Rank r takes core r mod their number, as mpirun's
+ * --map-by core --bind-to core does (with :overload-allowed past the last
+ * core). Said once on stderr, as mpirun's --report-bindings would.
+ */
+static bool bind_setup(job_t *job)
+{
+    hwloc_topology_t topo = NULL;
+    hwloc_bitmap_t mine = NULL, set = NULL;
+    bool ok = false;
+
+    if (tern__topology_load(&topo) != TERN_OK) {
+        report(job, "--bind-to core: %s", tern_last_error());
+        return false;
+    }
+    mine = hwloc_bitmap_alloc();
+    set = hwloc_bitmap_alloc();
+    if (mine == NULL || set == NULL) {
+        report(job, "--bind-to core: out of memory");
+        goto out;
+    }
+    if (hwloc_get_cpubind(topo, mine, HWLOC_CPUBIND_PROCESS) != 0)
+        hwloc_bitmap_copy(mine, hwloc_topology_get_allowed_cpuset(topo));
+    hwloc_bitmap_and(mine, mine, hwloc_topology_get_allowed_cpuset(topo));
+    int n = hwloc_get_nbobjs_inside_cpuset_by_type(topo, mine, HWLOC_OBJ_CORE);
+    if (n <= 0) {
+        report(job, "--bind-to core: hwloc finds no core among the PUs tern-run may use");
+        goto out;
+    }
+    job->cores = calloc((size_t)n, sizeof(*job->cores));
+    if (job->cores == NULL) {
+        report(job, "--bind-to core: out of memory");
+        goto out;
+    }
+    job->ncores = (unsigned)n;
+    /* The cores' PUs, as "0 | 1 | 2-3", up to what a line holds. */
+    char list[200] = "";
+    size_t used = 0;
+    for (int i = 0; i < n; i++) {
+        hwloc_obj_t core = hwloc_get_obj_inside_cpuset_by_type(topo, mine, HWLOC_OBJ_CORE, (unsigned)i);
+        hwloc_bitmap_and(set, core->cpuset, mine);
+        if (hwloc_cpuset_to_glibc_sched_affinity(topo, set, &job->cores[i], sizeof(cpu_set_t)) != 0) {
+            report(job, "--bind-to core: core %d's PUs do not fit a cpu_set_t", i);
+            goto out;
+        }
+        char pus[64];
+        hwloc_bitmap_list_snprintf(pus, sizeof(pus), set);
+        if (used + strlen(pus) + 8 < sizeof(list))
+            used += (size_t)snprintf(list + used, sizeof(list) - used, "%s%s", i ? " | " : "", pus);
+        else if (used + 6 < sizeof(list) && strcmp(list + used - 3, "...") != 0)
+            used += (size_t)snprintf(list + used, sizeof(list) - used, " | ...");
+    }
+    unsigned nr = job->opts->nranks;
+    fprintf(stderr, "tern-run: %u rank%s bound round-robin to %d core%s, PUs %s%s\n", nr,
+            nr == 1 ? "" : "s", n, n == 1 ? "" : "s", list,
+            nr > (unsigned)n ? " (more ranks than cores: they share)" : "");
+    ok = true;
+out:
+    if (!ok) {
+        free(job->cores);
+        job->cores = NULL;
+    }
+    hwloc_bitmap_free(mine);
+    hwloc_bitmap_free(set);
+    hwloc_topology_destroy(topo);
+    return ok;
+}
+
 /* ---- starting ranks ---- */
 
 /* In the child, between fork and exec: only async-signal-safe calls. Never returns. */
-static void exec_rank(job_t *job, int in_fd, int out_fd, int err_fd, int status_fd, pid_t parent)
+static void exec_rank(job_t *job, unsigned r, int in_fd, int out_fd, int err_fd, int status_fd,
+                      pid_t parent)
 {
     struct sigaction dfl;
     int e;
@@ -291,6 +369,15 @@ static void exec_rank(job_t *job, int in_fd, int out_fd, int err_fd, int status_
     if (dup2(in_fd, 0) < 0 || dup2(out_fd, 1) < 0 || dup2(err_fd, 2) < 0) {
         e = errno;
         goto fail;
+    }
+    /* The set is within tern-run's own affinity, so this fails only if that
+     * changed since; the rank then runs where tern-run may, and says so. */
+    if (job->cores != NULL &&
+        sched_setaffinity(0, sizeof(cpu_set_t), &job->cores[r % job->ncores]) != 0) {
+        static const char msg[] = "tern-run: cannot bind a rank to its core; it runs unbound\n";
+        if (write(2, msg, sizeof(msg) - 1) < 0) {
+            /* Nothing left to tell anyone with. */
+        }
     }
     sigprocmask(SIG_SETMASK, &job->orig_mask, NULL);
     execvpe(job->opts->argv[0], job->opts->argv, job->envp);
@@ -364,7 +451,7 @@ static int start_rank(job_t *job, unsigned r)
     sigprocmask(SIG_SETMASK, &all, &saved);
     pid = fork();
     if (pid == 0)
-        exec_rank(job, in_fd, out_p[1], err_p[1], status_p[1], self);
+        exec_rank(job, r, in_fd, out_p[1], err_p[1], status_p[1], self);
     e = errno;
     sigprocmask(SIG_SETMASK, &saved, NULL);
     if (pid < 0) {
@@ -694,6 +781,10 @@ int tr_job_run(const tr_job_opts_t *opts)
         ret = TR_EXIT_INTERNAL;
         goto out;
     }
+    if (opts->bind_core && !bind_setup(&job)) {
+        ret = TR_EXIT_INTERNAL;
+        goto out;
+    }
     sig_wake_fd = job.wake[1];
     /* Orphans of the ranks come to us rather than to init, so end_groups can
      * reap them. Without it (kernels before 3.4) they go to init as before. */
@@ -738,6 +829,7 @@ out:
     close_pair(job.wake);
     if (job.devnull >= 0)
         close(job.devnull);
+    free(job.cores);
     free(job.envp);
     free(job.vars);
     free(job.ranks);

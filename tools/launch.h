@@ -27,6 +27,7 @@ typedef struct tr_job_opts {
     bool prefix;           /* prefix each output line with "[rank] " */
     int64_t kill_grace_ns; /* SIGTERM to SIGKILL when stopping the job */
     int64_t timeout_ns;    /* 0: none */
+    bool bind_core;        /* bind rank r to core r mod cores (--bind-to core) */
     char *const *argv;     /* program and arguments, NULL-terminated; not owned */
 } tr_job_opts_t;
 

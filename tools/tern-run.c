@@ -41,6 +41,8 @@ static const char usage_text[] =
     "      --no-prefix      do not prefix output lines with \"[rank] \"\n"
     "      --timeout D      stop the job and exit 124 after D (e.g. 90s, 5m; default: none)\n"
     "      --kill-grace D   time from SIGTERM to SIGKILL when stopping the job (default: 5s)\n"
+    "      --bind-to W      none (default) or core: rank r runs on core r mod the\n"
+    "                       cores tern-run may use, round-robin past the last one\n"
     "      --topology       print this machine's topology and the pool binding each of\n"
     "                       N ranks would get (N defaults to 1), then exit\n"
     "      --help-env       print the environment variables tern reads, then exit\n"
@@ -62,6 +64,7 @@ typedef enum opt_id {
     OPT_NO_PREFIX,
     OPT_TIMEOUT,
     OPT_KILL_GRACE,
+    OPT_BIND_TO,
     OPT_TOPOLOGY,
     OPT_HELP_ENV,
     OPT_MARKDOWN,
@@ -81,6 +84,7 @@ static const struct option_def {
     {"no-prefix", 0, false, OPT_NO_PREFIX},
     {"timeout", 0, true, OPT_TIMEOUT},
     {"kill-grace", 0, true, OPT_KILL_GRACE},
+    {"bind-to", 0, true, OPT_BIND_TO},
     {"topology", 0, false, OPT_TOPOLOGY},
     {"help-env", 0, false, OPT_HELP_ENV},
     {"markdown", 0, false, OPT_MARKDOWN},
@@ -153,6 +157,11 @@ static int apply_option(cli_t *cli, const struct option_def *def, const char *na
     case OPT_KILL_GRACE:
         if (tern__parse_duration(value, &cli->job.kill_grace_ns) != TERN_OK)
             return usage_error("%s: %s", name, tern_last_error());
+        return 0;
+    case OPT_BIND_TO:
+        if (strcmp(value, "core") != 0 && strcmp(value, "none") != 0)
+            return usage_error("%s: '%s' is not one of none, core", name, value);
+        cli->job.bind_core = strcmp(value, "core") == 0;
         return 0;
     case OPT_NO_PREFIX:
         cli->job.prefix = false;
