@@ -273,72 +273,62 @@ static void restore_handlers(job_t *job)
 }
 
 /*
- * --bind-to core: the cores within tern-run's own affinity (what taskset,
- * srun or a cgroup left it), in hwloc's order, each as the PUs of it that
- * tern-run may use. Rank r takes core r mod their number, as mpirun's
- * --map-by core --bind-to core does (with :overload-allowed past the last
- * core). Said once on stderr, as mpirun's --report-bindings would.
+ * --bind-to core: the cores the worker pool would choose for a lone rank
+ * (tern__placement_init: tern-run's own affinity, what taskset, srun or a
+ * cgroup left it, each core as its PUs within that, a PU per core on a VM
+ * that reports no cores), in hwloc's order. Rank r takes core r mod their
+ * number, as mpirun's --map-by core --bind-to core does (with
+ * :overload-allowed past the last core). Said once on stderr, as mpirun's
+ * --report-bindings would.
  */
 static bool bind_setup(job_t *job)
 {
+    const tern__pool_config_t cfg = {.bind = true, .local_world_size = 1};
     hwloc_topology_t topo = NULL;
-    hwloc_bitmap_t mine = NULL, set = NULL;
+    tern__placement_t pl;
     bool ok = false;
 
-    if (tern__topology_load(&topo) != TERN_OK) {
+    memset(&pl, 0, sizeof(pl));
+    if (tern__topology_load(&topo) != TERN_OK || tern__placement_init(&pl, topo, &cfg) != TERN_OK) {
         report(job, "--bind-to core: %s", tern_last_error());
-        return false;
-    }
-    mine = hwloc_bitmap_alloc();
-    set = hwloc_bitmap_alloc();
-    if (mine == NULL || set == NULL) {
-        report(job, "--bind-to core: out of memory");
         goto out;
     }
-    if (hwloc_get_cpubind(topo, mine, HWLOC_CPUBIND_PROCESS) != 0)
-        hwloc_bitmap_copy(mine, hwloc_topology_get_allowed_cpuset(topo));
-    hwloc_bitmap_and(mine, mine, hwloc_topology_get_allowed_cpuset(topo));
-    int n = hwloc_get_nbobjs_inside_cpuset_by_type(topo, mine, HWLOC_OBJ_CORE);
-    if (n <= 0) {
-        report(job, "--bind-to core: hwloc finds no core among the PUs tern-run may use");
-        goto out;
-    }
-    job->cores = calloc((size_t)n, sizeof(*job->cores));
+    job->cores = calloc(pl.ncores, sizeof(*job->cores));
     if (job->cores == NULL) {
         report(job, "--bind-to core: out of memory");
         goto out;
     }
-    job->ncores = (unsigned)n;
-    /* The cores' PUs, as "0 | 1 | 2-3", up to what a line holds. */
-    char list[200] = "";
-    size_t used = 0;
-    for (int i = 0; i < n; i++) {
-        hwloc_obj_t core = hwloc_get_obj_inside_cpuset_by_type(topo, mine, HWLOC_OBJ_CORE, (unsigned)i);
-        hwloc_bitmap_and(set, core->cpuset, mine);
-        if (hwloc_cpuset_to_glibc_sched_affinity(topo, set, &job->cores[i], sizeof(cpu_set_t)) != 0) {
-            report(job, "--bind-to core: core %d's PUs do not fit a cpu_set_t", i);
+    job->ncores = pl.ncores;
+    for (unsigned i = 0; i < pl.ncores; i++)
+        if (hwloc_cpuset_to_glibc_sched_affinity(topo, pl.core_sets[i], &job->cores[i],
+                                                 sizeof(cpu_set_t)) != 0) {
+            report(job, "--bind-to core: core %u's PUs do not fit a cpu_set_t", i);
             goto out;
         }
-        char pus[64];
-        hwloc_bitmap_list_snprintf(pus, sizeof(pus), set);
-        if (used + strlen(pus) + 8 < sizeof(list))
-            used += (size_t)snprintf(list + used, sizeof(list) - used, "%s%s", i ? " | " : "", pus);
-        else if (used + 6 < sizeof(list) && strcmp(list + used - 3, "...") != 0)
-            used += (size_t)snprintf(list + used, sizeof(list) - used, " | ...");
+    /* The cores' PUs, as "0 | 1 | 2-3", as many as the line holds, then "...". */
+    char list[200] = "", pus[64];
+    size_t used = 0;
+    for (unsigned i = 0; i < pl.ncores; i++) {
+        hwloc_bitmap_list_snprintf(pus, sizeof(pus), pl.core_sets[i]);
+        bool fits = used + strlen(pus) + 10 < sizeof(list);
+        used += (size_t)snprintf(list + used, sizeof(list) - used, "%s%s", i ? " | " : "",
+                                 fits ? pus : "...");
+        if (!fits)
+            break;
     }
     unsigned nr = job->opts->nranks;
-    fprintf(stderr, "tern-run: %u rank%s bound round-robin to %d core%s, PUs %s%s\n", nr,
-            nr == 1 ? "" : "s", n, n == 1 ? "" : "s", list,
-            nr > (unsigned)n ? " (more ranks than cores: they share)" : "");
+    fprintf(stderr, "tern-run: %u rank%s bound round-robin to %u core%s, PUs %s%s\n", nr,
+            nr == 1 ? "" : "s", pl.ncores, pl.ncores == 1 ? "" : "s", list,
+            nr > pl.ncores ? " (more ranks than cores: they share)" : "");
     ok = true;
 out:
     if (!ok) {
         free(job->cores);
         job->cores = NULL;
     }
-    hwloc_bitmap_free(mine);
-    hwloc_bitmap_free(set);
-    hwloc_topology_destroy(topo);
+    tern__placement_fini(&pl);
+    if (topo != NULL)
+        hwloc_topology_destroy(topo);
     return ok;
 }
 
