@@ -13,6 +13,7 @@
 #include "core/config.h"
 #include "core/context.h"
 #include "core/error.h"
+#include "tensor/host.h"
 #include "tensor/reduce.h"
 
 /* Sizes below which latency-bound algorithms win (docs/collectives.md has
@@ -557,36 +558,14 @@ tern_status_t tern_barrier(tern_group_t *g, tern_request_t **req)
 
 /* ---- tensors ---- */
 
-/* A tensor's memory as a flat buffer: valid, contiguous, on the CPU. */
-static tern_status_t flat(const char *name, const char *what, const tern_tensor_t *t, void **data,
-                          size_t *numel)
-{
-    int64_t n;
-    tern_status_t st;
-    if (t == NULL)
-        return tern__error(TERN_ERR_INVALID_PARAM, "%s: %s is NULL", name, what);
-    if ((st = tern_tensor_validate(t)) != TERN_OK)
-        return tern__error(st, "%s: %s: %s", name, what, tern_last_error());
-    if (t->device.type != TERN_DEVICE_CPU)
-        return tern__error(TERN_ERR_UNSUPPORTED, "%s: %s is not on the CPU (CUDA tensors need "
-                           "the GPU transport)", name, what);
-    if (!tern_tensor_is_contiguous(t))
-        return tern__error(TERN_ERR_UNSUPPORTED, "%s: %s is not contiguous", name, what);
-    if ((st = tern_tensor_numel(t, &n)) != TERN_OK)
-        return st;
-    *data = t->data;
-    *numel = (size_t)n;
-    return TERN_OK;
-}
-
 /* out and in of one call: same dtype, out's numel = in's * mult (or the reverse). */
 static tern_status_t flat_pair(const char *name, const tern_tensor_t *out, const tern_tensor_t *in,
                                size_t out_mult, size_t in_mult, void **od, void **id, size_t *count)
 {
     size_t on = 0, in_n = 0;
     tern_status_t st;
-    if ((st = flat(name, "output", out, od, &on)) != TERN_OK ||
-        (st = flat(name, "input", in, id, &in_n)) != TERN_OK)
+    if ((st = tern__tensor_host(name, "output", out, od, &on)) != TERN_OK ||
+        (st = tern__tensor_host(name, "input", in, id, &in_n)) != TERN_OK)
         return st;
     if (out->dtype != in->dtype)
         return tern__error(TERN_ERR_INVALID_PARAM, "%s: output is %s but input is %s", name,
@@ -603,7 +582,7 @@ tern_status_t tern_all_reduce_tensor(tern_group_t *g, tern_tensor_t *t, tern_red
 {
     void *d = NULL;
     size_t n = 0;
-    tern_status_t st = flat("all_reduce", "tensor", t, &d, &n);
+    tern_status_t st = tern__tensor_host("all_reduce", "tensor", t, &d, &n);
     return st != TERN_OK ? st : tern_all_reduce(g, d, d, n, t->dtype, op, req);
 }
 
@@ -612,7 +591,7 @@ tern_status_t tern_broadcast_tensor(tern_group_t *g, tern_tensor_t *t, int root,
 {
     void *d = NULL;
     size_t n = 0;
-    tern_status_t st = flat("broadcast", "tensor", t, &d, &n);
+    tern_status_t st = tern__tensor_host("broadcast", "tensor", t, &d, &n);
     return st != TERN_OK ? st : tern_broadcast(g, d, n, t->dtype, root, req);
 }
 
@@ -621,7 +600,7 @@ tern_status_t tern_reduce_tensor(tern_group_t *g, tern_tensor_t *t, tern_reduce_
 {
     void *d = NULL;
     size_t n = 0;
-    tern_status_t st = flat("reduce", "tensor", t, &d, &n);
+    tern_status_t st = tern__tensor_host("reduce", "tensor", t, &d, &n);
     return st != TERN_OK ? st : tern_reduce(g, d, d, n, t->dtype, op, root, req);
 }
 
@@ -677,7 +656,7 @@ tern_status_t tern_gather_tensor(tern_group_t *g, tern_tensor_t *out, const tern
     if (g == NULL)
         return tern__error(TERN_ERR_INVALID_PARAM, "gather: NULL group");
     if (g->rank != root)
-        st = flat("gather", "input", in, &id, &n);
+        st = tern__tensor_host("gather", "input", in, &id, &n);
     else if ((st = flat_pair("gather", out, in, (size_t)g->size, 1, &od, &id, &on)) == TERN_OK)
         n = on;
     return st != TERN_OK ? st : tern_gather(g, id, od, n, in->dtype, root, req);
@@ -692,7 +671,7 @@ tern_status_t tern_scatter_tensor(tern_group_t *g, tern_tensor_t *out, const ter
     if (g == NULL)
         return tern__error(TERN_ERR_INVALID_PARAM, "scatter: NULL group");
     if (g->rank != root)
-        st = flat("scatter", "output", out, &od, &n);
+        st = tern__tensor_host("scatter", "output", out, &od, &n);
     else if ((st = flat_pair("scatter", out, in, 1, (size_t)g->size, &od, &id, &on)) == TERN_OK)
         n = on;
     return st != TERN_OK ? st : tern_scatter(g, id, od, n, out->dtype, root, req);

@@ -59,6 +59,7 @@ struct tern_request {
      * (collectives/engine.c). */
     bool peer_withdrew;
     bool released;             /* the user has waited on it: free once ops is 0 */
+    bool exact;                /* recv: a tensor's (TERN__P2P_EXACT): a shorter message fails it */
     void *coll;                /* REQ_COLL: the collective's state */
     uint64_t seq;              /* the message's number between its two ranks (0: none yet) */
     uint64_t *seq_out;         /* a blocking receive's: gets seq at completion */
@@ -332,11 +333,14 @@ tern_status_t tern__p2p_ping(tern__comm_t *comm, int dst, uint64_t seq);
 tern_status_t tern__p2p_isend(tern__comm_t *comm, uint32_t cid, const void *buf, size_t len,
                               int dst, int tag, tern_request_t **req);
 tern_status_t tern__p2p_irecv(tern__comm_t *comm, uint32_t cid, void *buf, size_t cap, int src,
-                              int tag, tern_request_t **req);
+                              int tag, unsigned flags, tern_request_t **req);
 /* The peer posts the other end of this message with the flag too, and
  * names no wildcard: a receive above the collectives' eager limit offers its
  * buffer as it is posted, and the send writes into it (p2p.c). */
 #define TERN__P2P_RTR 1u
+/* A receive into a tensor: only a message of exactly its capacity fills it;
+ * a shorter one completes it with TERN_ERR_MISMATCH (tern__p2p_short). */
+#define TERN__P2P_EXACT 2u
 /* The same with the lock held (req not NULL): a collective posts a run of
  * them, and reaps what completed, in one hold of the lock. flags:
  * TERN__P2P_RTR or 0. shape: the call's signature (0: none); a message
@@ -363,5 +367,8 @@ bool tern__p2p_cancel(tern__comm_t *comm, tern_request_t *req);
  * back and rendezvous senders told (FIN, TERN_ERR_CANCELED), and so is what
  * comes for it later. Only a failed call leaves any. */
 void tern__p2p_drop_cid(tern__comm_t *comm, uint32_t cid);
+/* The error of a tensor's receive (cap bytes) that got a shorter message
+ * (got): TERN_ERR_MISMATCH, recorded with both sizes. */
+tern_status_t tern__p2p_short(size_t cap, const tern_msg_info_t *got);
 
 #endif

@@ -61,6 +61,7 @@
 #include "core/log.h"
 #include "p2p/comm.h"
 #include "prof/prof.h"
+#include "tensor/host.h"
 
 /* PING and PONG carry the profiler's clock ping-pong (prof/session.c). */
 enum ctrl {
@@ -1376,7 +1377,8 @@ TERN__HOT tern_status_t irecv_post(tern__comm_t *comm, uint32_t cid, void *buf, 
     if ((req = req_new(comm)) == NULL)
         return tern__error(TERN_ERR_NO_MEMORY, "irecv: no memory");
     *req = (tern_request_t){.comm = comm, .kind = REQ_RECV, .cid = cid, .peer = src, .tag = tag,
-                            .shape = shape, .buf = buf, .len = cap};
+                            .shape = shape, .buf = buf, .len = cap,
+                            .exact = (flags & TERN__P2P_EXACT) != 0};
     if (u != NULL)
         unlink_unexp(comm, u, prev);
     if (u == NULL) {
@@ -1402,13 +1404,13 @@ TERN__HOT tern_status_t irecv_post(tern__comm_t *comm, uint32_t cid, void *buf, 
 }
 
 tern_status_t tern__p2p_irecv(tern__comm_t *comm, uint32_t cid, void *buf, size_t cap, int src,
-                              int tag, tern_request_t **req_out)
+                              int tag, unsigned flags, tern_request_t **req_out)
 {
     tern_status_t st;
     if (req_out == NULL)
         return tern__error(TERN_ERR_INVALID_PARAM, "irecv: NULL request pointer");
     tern__comm_lock(comm);
-    st = tern__p2p_irecv_locked(comm, cid, buf, cap, src, tag, 0, 0, req_out);
+    st = tern__p2p_irecv_locked(comm, cid, buf, cap, src, tag, flags, 0, req_out);
     tern__comm_unlock(comm);
     return st;
 }
@@ -1764,8 +1766,9 @@ tern_status_t tern_isend(tern_ctx_t *ctx, const void *buf, size_t len, int dst, 
     return st;
 }
 
-tern_status_t tern_irecv(tern_ctx_t *ctx, void *buf, size_t cap, int src, int tag,
-                         tern_request_t **req)
+/* tern_irecv with flags (TERN__P2P_EXACT for a tensor's). */
+static tern_status_t user_irecv(tern_ctx_t *ctx, void *buf, size_t cap, int src, int tag,
+                                unsigned flags, tern_request_t **req)
 {
     tern__comm_t *comm = comm_of(ctx);
     if (comm == NULL)
@@ -1773,11 +1776,17 @@ tern_status_t tern_irecv(tern_ctx_t *ctx, void *buf, size_t cap, int src, int ta
     tern__prof_op_t op;
     tern__prof_op_begin(&op, comm, src, TERN_PROF_KIND_P2P, "irecv");
     op.dir = TERN_PROF_DIR_RECV;
-    tern_status_t st = tern__p2p_irecv(comm, 0, buf, cap, src, tag, req);
+    tern_status_t st = tern__p2p_irecv(comm, 0, buf, cap, src, tag, flags, req);
     if (st == TERN_OK)
         tern__comm_kick(comm);
     prof_attach(st, st == TERN_OK ? *req : NULL, &op);
     return st;
+}
+
+tern_status_t tern_irecv(tern_ctx_t *ctx, void *buf, size_t cap, int src, int tag,
+                         tern_request_t **req)
+{
+    return user_irecv(ctx, buf, cap, src, tag, 0, req);
 }
 
 /*
@@ -1881,4 +1890,64 @@ tern_status_t tern_recv(tern_ctx_t *ctx, void *buf, size_t cap, int src, int tag
         tern_prof_range_end(r);
     }
     return st;
+}
+
+/* ---- tensors ---- */
+
+tern_status_t tern__p2p_short(size_t cap, const tern_msg_info_t *got)
+{
+    return tern__error(TERN_ERR_MISMATCH, "receive: the %zu-byte message from rank %d (tag %d) "
+                       "does not fill the %zu-byte tensor", got->len, got->source, got->tag, cap);
+}
+
+/* t's bytes as one buffer (tern__tensor_host); name: the call. */
+static tern_status_t tensor_bytes(const char *name, const tern_tensor_t *t, void **data,
+                                  size_t *bytes)
+{
+    size_t n;
+    tern_status_t st = tern__tensor_host(name, "tensor", t, data, &n);
+    if (st == TERN_OK)
+        *bytes = n * tern_dtype_size(t->dtype);
+    return st;
+}
+
+tern_status_t tern_send_tensor(tern_ctx_t *ctx, const tern_tensor_t *t, int dst, int tag)
+{
+    void *d;
+    size_t n;
+    tern_status_t st = tensor_bytes("send_tensor", t, &d, &n);
+    return st != TERN_OK ? st : tern_send(ctx, d, n, dst, tag);
+}
+
+tern_status_t tern_isend_tensor(tern_ctx_t *ctx, const tern_tensor_t *t, int dst, int tag,
+                                tern_request_t **req)
+{
+    void *d;
+    size_t n;
+    tern_status_t st = tensor_bytes("isend_tensor", t, &d, &n);
+    return st != TERN_OK ? st : tern_isend(ctx, d, n, dst, tag, req);
+}
+
+tern_status_t tern_recv_tensor(tern_ctx_t *ctx, tern_tensor_t *t, int src, int tag,
+                               tern_msg_info_t *info)
+{
+    void *d;
+    size_t n;
+    tern_msg_info_t got;
+    tern_status_t st = tensor_bytes("recv_tensor", t, &d, &n);
+    if (st != TERN_OK)
+        return st;
+    st = tern_recv(ctx, d, n, src, tag, &got);
+    if (info != NULL)
+        *info = got;
+    return st == TERN_OK && got.len != n ? tern__p2p_short(n, &got) : st;
+}
+
+tern_status_t tern_irecv_tensor(tern_ctx_t *ctx, tern_tensor_t *t, int src, int tag,
+                                tern_request_t **req)
+{
+    void *d;
+    size_t n;
+    tern_status_t st = tensor_bytes("irecv_tensor", t, &d, &n);
+    return st != TERN_OK ? st : user_irecv(ctx, d, n, src, tag, TERN__P2P_EXACT, req);
 }

@@ -456,12 +456,16 @@ TERN__HOT tern_status_t req_finish(tern__comm_t *comm, tern_request_t *req, tern
         comm->coll_free(req);
         return st;
     }
+    bool exact = req->exact;
+    size_t cap = req->len;
     req->released = true;
     if (req->ops == 0)
         tern__req_free(comm, req);
     if (st != TERN_OK)
         tern__error(st, "%s %s (rank %d, tag %d, %zu bytes)", kind == REQ_SEND ? "send" : "receive",
                     tern_strerror(st), got.source, got.tag, got.len);
+    else if (exact && got.len != cap)
+        st = tern__p2p_short(cap, &got);
     return st;
 }
 

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "tensor/host.h"
 #include "tensor/priv.h"
 
 static const struct {
@@ -481,5 +482,26 @@ tern_status_t tern_tensor_gather(const tern_tensor_t *t, void *dst, size_t cap)
     if (d < s + extent && s < d + nbytes)
         return tern__error(TERN_ERR_INVALID_PARAM, "gather: destination overlaps the tensor");
     tern__tensor_gather(t, dst);
+    return TERN_OK;
+}
+
+tern_status_t tern__tensor_host(const char *name, const char *what, const tern_tensor_t *t,
+                                void **data, size_t *numel)
+{
+    int64_t n;
+    tern_status_t st;
+    if (t == NULL)
+        return tern__error(TERN_ERR_INVALID_PARAM, "%s: %s is NULL", name, what);
+    if ((st = tern_tensor_validate(t)) != TERN_OK)
+        return tern__error(st, "%s: %s: %s", name, what, tern_last_error());
+    if (t->device.type != TERN_DEVICE_CPU)
+        return tern__error(TERN_ERR_UNSUPPORTED, "%s: %s is not on the CPU (CUDA tensors need "
+                           "the GPU transport)", name, what);
+    if (!tern_tensor_is_contiguous(t))
+        return tern__error(TERN_ERR_UNSUPPORTED, "%s: %s is not contiguous", name, what);
+    if ((st = tern_tensor_numel(t, &n)) != TERN_OK)
+        return st;
+    *data = t->data;
+    *numel = (size_t)n;
     return TERN_OK;
 }

@@ -21,6 +21,7 @@
 #include <tern/context.h>
 #include <tern/defs.h>
 #include <tern/status.h>
+#include <tern/tensor.h>
 
 TERN_BEGIN_DECLS
 
@@ -65,6 +66,27 @@ TERN_API tern_status_t tern_request_test(tern_request_t *req, int *done, tern_ms
 TERN_API tern_status_t tern_send(tern_ctx_t *ctx, const void *buf, size_t len, int dst, int tag);
 TERN_API tern_status_t tern_recv(tern_ctx_t *ctx, void *buf, size_t cap, int src, int tag,
                                  tern_msg_info_t *info);
+
+/*
+ * Tensors, as torch.distributed.send/recv/isend/irecv: the tensor's bytes go
+ * as one message, by the same rules as a buffer's (matching, ordering, eager
+ * or rendezvous). The tensor must be valid, contiguous and on the CPU
+ * (TERN_ERR_UNSUPPORTED otherwise: CUDA tensors come with the GPU transport)
+ * and stay untouched until a request completes. Only the bytes travel, as in
+ * torch: the receiving tensor gives them their dtype and shape, and must hold
+ * exactly what was sent. A longer message is TERN_ERR_TRUNCATED (as for a
+ * buffer: the tensor gets its first bytes; a rendezvous sender fails too), a
+ * shorter one TERN_ERR_MISMATCH at the receiver (the tensor gets the bytes
+ * that came; info says how many and from whom). A tensor may be received
+ * into a buffer and a buffer into a tensor.
+ */
+TERN_API tern_status_t tern_send_tensor(tern_ctx_t *ctx, const tern_tensor_t *t, int dst, int tag);
+TERN_API tern_status_t tern_recv_tensor(tern_ctx_t *ctx, tern_tensor_t *t, int src, int tag,
+                                        tern_msg_info_t *info);
+TERN_API tern_status_t tern_isend_tensor(tern_ctx_t *ctx, const tern_tensor_t *t, int dst, int tag,
+                                         tern_request_t **req);
+TERN_API tern_status_t tern_irecv_tensor(tern_ctx_t *ctx, tern_tensor_t *t, int src, int tag,
+                                         tern_request_t **req);
 
 /* The transport the context runs on: provider name and device, for reports. */
 TERN_API tern_status_t tern_ctx_transport(const tern_ctx_t *ctx, char *provider, size_t plen,

@@ -3,7 +3,9 @@
  * over each transport): sizes around the eager/rendezvous boundary, ordering
  * across both protocols, any-source and any-tag, truncation at both ends,
  * many requests in flight, the unexpected-queue bound, self-sends, bad
- * arguments, background progress after a long stretch of waits, and with --big a 1 GiB
+ * arguments, tern_request_test on a receive that cannot have completed,
+ * tensors (both protocols, exact sizes, any-source, local refusals),
+ * background progress after a long stretch of waits, and with --big a 1 GiB
  * message. Exits non-zero on the first failure, saying which.
  */
 #include <inttypes.h>
@@ -173,6 +175,162 @@ static void test_truncation(void)
         CHECK(info.len == eager * 4 && same(mid, eager, 1, 10), "truncated rendezvous info/content");
         free(mid);
     }
+}
+
+/* tern_request_test on a receive whose message is not sent yet says not
+ * done (the sender waits for the barrier), then done once it came. */
+static void test_request_test(void)
+{
+    if (rank == 0) {
+        uint8_t buf[64];
+        tern_request_t *r;
+        tern_msg_info_t info;
+        int done = -1;
+        OK(tern_irecv(ctx, buf, sizeof(buf), 1, 77, &r));
+        OK(tern_request_test(r, &done, &info));
+        CHECK(done == 0, "a receive whose message is not sent yet tested done");
+        barrier("rt-sent");
+        tern_status_t st = TERN_OK;
+        for (long i = 0; !done; i++) {
+            st = tern_request_test(r, &done, &info);
+            CHECK(i < 100000000L, "the receive never tested done");
+        }
+        CHECK(st == TERN_OK, "test returned %s", tern_status_name(st));
+        CHECK(info.source == 1 && info.tag == 77 && info.len == sizeof(buf) &&
+                  same(buf, sizeof(buf), 1, 77),
+              "tested receive: source %d tag %d len %zu", info.source, info.tag, info.len);
+    } else {
+        barrier("rt-sent");
+        if (rank == 1) {
+            uint8_t out[64];
+            fill(out, sizeof(out), 1, 77);
+            OK(tern_send(ctx, out, sizeof(out), 0, 77));
+        }
+    }
+}
+
+/* A contiguous f32/f64/i64 tensor of n elements over data. */
+static tern_tensor_t tensor1(void *data, tern_dtype_t dt, int64_t n)
+{
+    tern_tensor_t t;
+    OK(tern_tensor_init(&t, data, dt, 1, &n, tern_device_cpu()));
+    return t;
+}
+
+/*
+ * Tensors from rank 1 to rank 0: a 3x5 f32 received as 5x3 (only the bytes
+ * travel, as torch), a rendezvous-sized f64 non-blocking at both ends, a
+ * shorter message (TERN_ERR_MISMATCH at the receiver, blocking and not, the
+ * sender fine), a longer one (TERN_ERR_TRUNCATED), an empty tensor, and
+ * any-source from every rank; then what each rank refuses without sending:
+ * strided, CUDA and NULL tensors.
+ */
+static void test_tensors(void)
+{
+    size_t big = eager / 8 * 2 + 3; /* f64 elements: past the eager limit */
+    if (rank == 1) {
+        float a[15];
+        double *b = malloc(big * sizeof(double));
+        CHECK(b != NULL, "no memory");
+        for (int i = 0; i < 15; i++)
+            a[i] = (float)i * 1.5f;
+        for (size_t i = 0; i < big; i++)
+            b[i] = (double)i / 3.0;
+        int64_t s35[2] = {3, 5};
+        tern_tensor_t t;
+        tern_request_t *r;
+        OK(tern_tensor_init(&t, a, TERN_DTYPE_F32, 2, s35, tern_device_cpu()));
+        OK(tern_send_tensor(ctx, &t, 0, 200));
+        t = tensor1(b, TERN_DTYPE_F64, (int64_t)big);
+        OK(tern_isend_tensor(ctx, &t, 0, 201, &r));
+        OK(tern_request_wait(r, -1, NULL));
+        t = tensor1(a, TERN_DTYPE_F32, 10); /* shorter than rank 0's 15 */
+        OK(tern_send_tensor(ctx, &t, 0, 202));
+        t = tensor1(b, TERN_DTYPE_F64, (int64_t)big - 1); /* shorter, rendezvous */
+        OK(tern_isend_tensor(ctx, &t, 0, 203, &r));
+        OK(tern_request_wait(r, -1, NULL));
+        t = tensor1(a, TERN_DTYPE_F32, 15); /* longer than rank 0's 10 */
+        OK(tern_send_tensor(ctx, &t, 0, 204));
+        t = tensor1(NULL, TERN_DTYPE_F32, 0);
+        OK(tern_send_tensor(ctx, &t, 0, 205));
+        free(b);
+    } else if (rank == 0) {
+        float a[15] = {0};
+        double *b = calloc(big + 1, sizeof(double));
+        CHECK(b != NULL, "no memory");
+        int64_t s53[2] = {5, 3};
+        tern_tensor_t t;
+        tern_request_t *r;
+        tern_msg_info_t info;
+        OK(tern_tensor_init(&t, a, TERN_DTYPE_F32, 2, s53, tern_device_cpu()));
+        OK(tern_recv_tensor(ctx, &t, 1, 200, &info));
+        CHECK(info.source == 1 && info.tag == 200 && info.len == sizeof(a), "3x5 info");
+        for (int i = 0; i < 15; i++)
+            CHECK(a[i] == (float)i * 1.5f, "3x5 element %d: %g", i, (double)a[i]);
+        t = tensor1(b, TERN_DTYPE_F64, (int64_t)big);
+        OK(tern_irecv_tensor(ctx, &t, 1, 201, &r));
+        OK(tern_request_wait(r, -1, &info));
+        CHECK(info.len == big * sizeof(double), "rendezvous tensor of %zu bytes", info.len);
+        for (size_t i = 0; i < big; i++)
+            CHECK(b[i] == (double)i / 3.0, "f64 element %zu", i);
+        memset(a, 0, sizeof(a));
+        t = tensor1(a, TERN_DTYPE_F32, 15);
+        tern_status_t st = tern_recv_tensor(ctx, &t, 1, 202, &info);
+        CHECK(st == TERN_ERR_MISMATCH, "a shorter message got %s", tern_status_name(st));
+        CHECK(strstr(tern_last_error(), "40-byte message from rank 1") != NULL,
+              "the error does not give the sizes");
+        CHECK(info.len == 10 * sizeof(float) && a[9] == 13.5f && a[10] == 0.0f,
+              "short message: len %zu", info.len);
+        t = tensor1(b, TERN_DTYPE_F64, (int64_t)big);
+        OK(tern_irecv_tensor(ctx, &t, 1, 203, &r));
+        st = tern_request_wait(r, -1, &info);
+        CHECK(st == TERN_ERR_MISMATCH, "a shorter rendezvous message got %s",
+              tern_status_name(st));
+        CHECK(info.len == (big - 1) * sizeof(double), "short rendezvous: len %zu", info.len);
+        t = tensor1(a, TERN_DTYPE_F32, 10);
+        st = tern_recv_tensor(ctx, &t, 1, 204, &info);
+        CHECK(st == TERN_ERR_TRUNCATED, "a longer message got %s", tern_status_name(st));
+        t = tensor1(NULL, TERN_DTYPE_F32, 0);
+        OK(tern_recv_tensor(ctx, &t, 1, 205, &info));
+        CHECK(info.len == 0, "empty tensor arrived as %zu bytes", info.len);
+        free(b);
+    }
+    /* Any source: every other rank sends its number as an i64 tensor. */
+    if (rank == 0) {
+        unsigned seen = 0;
+        for (unsigned i = 1; i < world; i++) {
+            int64_t v = -1;
+            tern_tensor_t t = tensor1(&v, TERN_DTYPE_I64, 1);
+            tern_msg_info_t info;
+            OK(tern_recv_tensor(ctx, &t, TERN_ANY_SOURCE, 206, &info));
+            CHECK(info.source > 0 && (unsigned)info.source < world && v == info.source * 1000,
+                  "any-source tensor: source %d value %" PRId64, info.source, v);
+            CHECK(!(seen & (1u << info.source)), "rank %d twice", info.source);
+            seen |= 1u << info.source;
+        }
+    } else {
+        int64_t v = (int64_t)rank * 1000;
+        tern_tensor_t t = tensor1(&v, TERN_DTYPE_I64, 1);
+        OK(tern_send_tensor(ctx, &t, 0, 206));
+    }
+    /* Refused here, nothing sent. */
+    float m[6] = {0};
+    tern_tensor_t t = tensor1(m, TERN_DTYPE_F32, 3);
+    tern_request_t *r = NULL;
+    t.strides[0] = 2; /* every other element */
+    int peer = (int)((rank + 1) % world);
+    CHECK(tern_send_tensor(ctx, &t, peer, 207) == TERN_ERR_UNSUPPORTED, "strided send");
+    CHECK(tern_irecv_tensor(ctx, &t, peer, 207, &r) == TERN_ERR_UNSUPPORTED && r == NULL,
+          "strided irecv");
+    t = tensor1(m, TERN_DTYPE_F32, 3);
+    t.device = tern_device_cuda(0);
+    CHECK(tern_isend_tensor(ctx, &t, peer, 207, &r) == TERN_ERR_UNSUPPORTED && r == NULL,
+          "CUDA isend");
+    CHECK(tern_recv_tensor(ctx, &t, peer, 207, NULL) == TERN_ERR_UNSUPPORTED, "CUDA recv");
+    CHECK(tern_send_tensor(ctx, NULL, peer, 207) == TERN_ERR_INVALID_PARAM, "NULL tensor");
+    t = tensor1(m, TERN_DTYPE_F32, 3);
+    t.dtype = (tern_dtype_t)99;
+    CHECK(tern_send_tensor(ctx, &t, peer, 207) == TERN_ERR_INVALID_PARAM, "bad dtype");
 }
 
 /* Many requests in flight at once, both directions between every pair. */
@@ -374,6 +532,10 @@ int main(int argc, char **argv)
         barrier("t4");
         test_unexpected_bound();
         barrier("t5");
+        test_request_test();
+        barrier("t5b");
+        test_tensors();
+        barrier("t5c");
     }
     test_many_in_flight();
     barrier("t6");
