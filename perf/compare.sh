@@ -16,7 +16,10 @@
 #   collectives or both; the collectives also write OUT_DIR/coll_curves.csv
 #   (OUT_DIR defaults to BUILD_DIR/perf), which perf/plot_coll.sh plots, and
 #   keep each run's CSV in OUT_DIR/coll_runs. COLL_INPLACE=1 runs every
-#   all_reduce in place on both sides (torch.distributed's form).
+#   all_reduce in place on both sides (torch.distributed's form). BIND=core
+#   pins the collectives' ranks on both sides alike, rank r to core r mod the
+#   cores (tern-run --bind-to core; mpirun --map-by core --bind-to
+#   core:overload-allowed); the default, BIND=none, leaves both unbound.
 #   Every row shows the steal (CPU time the hypervisor took) of each side's
 #   runs; STEAL_MAX=N runs again, up to STEAL_TRIES times, a run that lost
 #   more than N % (docs/perf.md, "Steal").
@@ -24,6 +27,8 @@ set -euo pipefail
 B=$(cd "${1:-build}" && pwd)
 SECTION=${SECTION:-all}
 case $SECTION in p2p | coll | all) ;; *) echo "compare.sh: SECTION is p2p, coll or all, not '$SECTION'" >&2; exit 2 ;; esac
+BIND=${BIND:-none}
+case $BIND in none | core) ;; *) echo "compare.sh: BIND is none or core, not '$BIND'" >&2; exit 2 ;; esac
 RUN=$B/tools/tern-run PERF=$B/perf/tern-perf TCP=$B/perf/tcp-pingpong MPI=$B/perf/mpi-pingpong
 AM=$B/perf/ucp-am-pingpong
 # Shared memory is 10x faster than loopback TCP: SM_LAT_ITERS keeps its runs
@@ -224,18 +229,27 @@ MPI_TCP=(--mca pml ob1 --mca btl tcp,self)
 # mpi-coll --inplace), torch.distributed's form.
 ar_extra=()
 [ "${COLL_INPLACE:-0}" = 1 ] && ar_extra=(--inplace)
+# BIND=core: the same placement on both sides. Unbound, 4 ranks on 2 cores
+# go where the kernel puts them, which moves a run by a third
+# (docs/tern-run.md, "Binding"); bound, rank r shares core r mod 2 with
+# rank r+2 on both sides.
+tern_bind=() mpi_place=(--oversubscribe)
+if [ "$BIND" = core ]; then
+    tern_bind=(--bind-to core)
+    mpi_place=(--map-by core:OVERSUBSCRIBE --bind-to core:overload-allowed)
+fi
 
 # A collective's CSV (header and rows) on stdout; a failed run prints a
 # warning and nothing else, so its values count as missing.
 tern_coll() { # transport ranks test sizes [VAR=value...]
     local extra=()
     [ "$3" = allreduce ] && extra=("${ar_extra[@]}")
-    env "${@:5}" timeout 300 "$RUN" -n "$2" --no-prefix "$PERF" "$3" --transport "$1" --sizes "$4" "${extra[@]}" --format csv ||
+    env "${@:5}" timeout 300 "$RUN" -n "$2" "${tern_bind[@]}" --no-prefix "$PERF" "$3" --transport "$1" --sizes "$4" "${extra[@]}" --format csv ||
         echo "# tern-perf $3 over $1 with $2 ranks failed" >&2; }
 mpi_coll() { # ranks test sizes [mpirun options...]
     local extra=()
     [ "$2" = allreduce ] && extra=("${ar_extra[@]}")
-    timeout 300 mpirun "${root[@]}" --oversubscribe -np "$1" "${@:4}" "$MPIC" "$2" --sizes "$3" "${extra[@]}" 2>/dev/null ||
+    timeout 300 mpirun "${root[@]}" "${mpi_place[@]}" -np "$1" "${@:4}" "$MPIC" "$2" --sizes "$3" "${extra[@]}" 2>/dev/null ||
         echo "# mpi-coll $2 with $1 ranks failed" >&2; }
 # One column (5 size, 8 lat_us_avg, 10 algbw, 11 busbw) of the row for size in
 # each file, median over the files.
@@ -248,6 +262,7 @@ coll_median() { # column size files...
 echo "# collectives: busbw GB/s (higher is better), latency = avg us of one call (lower is better)"
 echo "# tcp: tern's tcp provider vs Open MPI --mca btl tcp,self; sm: tern's ucx provider with UCX_TLS=sm vs Open MPI's default (shared memory)"
 [ ${#ar_extra[@]} -gt 0 ] && echo "# all_reduce in place on both sides (COLL_INPLACE=1)"
+[ "$BIND" = core ] && echo "# ranks bound to cores on both sides (BIND=core)"
 head_row
 # Every run's CSV stays in OUT_DIR/coll_runs (SERIES-RANKS-REPEAT), to look
 # into a median that surprises.
