@@ -6,7 +6,8 @@
 #   - raw UCP active messages with the ucx provider's header (perf/ucp_am_pingpong.c)
 #   - Open MPI (perf/mpi_pingpong.c): TCP only (--mca btl tcp,self) and default (shared memory)
 #   - collectives: Open MPI (perf/mpi_coll.c), TCP only and default (shared memory),
-#     against tern's tcp provider and its ucx provider with UCX_TLS=sm
+#     against tern's tcp provider and its ucx provider with UCX_TLS=sm: all_reduce
+#     at every size of COLL_SIZES, the others (COLL_OPS) at OPS_SIZE
 # Each pair is run back to back, REPEAT times (default 3), and each side's
 # median is reported: on a shared VM one run can be off by 30%. Latency is
 # one-way (RTT/2) average in us, bandwidth is unidirectional GB/s (10^9
@@ -129,7 +130,7 @@ row() { # metric tern peer_name peer lower_is_better [tern_steal peer_steal]
         verdict = (r == 0) ? "n/a" : (low ? (r <= 1 ? "tern ahead" : "peer ahead") : (r >= 1 ? "tern ahead" : "peer ahead"))
         st = (ts == "" && ps == "") ? "-" : (ts == "" ? "?" : ts) "/" (ps == "" ? "?" : ps)
         if (ts + 0 >= w || ps + 0 >= w) verdict = verdict ", host steal"
-        printf "%-34s %10s  %-30s %10s  %6.2f  %-7s  %s\n", m, t, n, p, r, st, verdict
+        printf "%-38s %10s  %-30s %10s  %6.2f  %-7s  %s\n", m, t, n, p, r, st, verdict
         printf "%s\t%s\t%.4f\t%s\t%s\n", m, n, r, ts, ps >> f }'
 }
 
@@ -170,7 +171,7 @@ goals() {
         goal("4: all_reduce 8 B latency, 4 ranks, tcp, vs Open MPI tcp", "allreduce lat 8 B, 4 ranks, tcp", "Open MPI, btl tcp,self", "<=", 1.2)
     }' "$rows_file"
 }
-head_row() { printf "%-34s %10s  %-30s %10s  %6s  %-7s  %s\n" metric tern peer peer ratio steal% verdict; }
+head_row() { printf "%-38s %10s  %-30s %10s  %6s  %-7s  %s\n" metric tern peer peer ratio steal% verdict; }
 
 echo "# tern vs peers on $(uname -n), $(nproc) cores, $(date -u +%Y-%m-%dT%H:%MZ)"
 echo "# each figure is the median of $REPEAT runs, tern and peer alternating; steal%: the"
@@ -305,11 +306,39 @@ for tr in tcp sm; do
         done
     done
 done
+# The other collectives, each at OPS_SIZE on OPS_RANKS ranks over both
+# transports against the same Open MPI as all_reduce: busbw (nccl-tests'
+# definitions, perf/bench_coll.h, the same in mpi-coll), and the barrier's
+# latency. COLL_OPS picks them (empty: none).
+COLL_OPS=${COLL_OPS-broadcast reduce allgather reduce_scatter alltoall gather scatter barrier}
+OPS_SIZE=${OPS_SIZE:-4M} OPS_RANKS=${OPS_RANKS:-4}
 if [ $have_mpic = 1 ]; then
-    tern_busbw() { tern_coll tcp 4 "$1" 4M | awk -F, 'NR == 2 { print $11 }'; }
-    mpi_busbw() { mpi_coll 4 "$1" 4M "${MPI_TCP[@]}" | awk -F, 'NR == 2 { print $11 }'; }
-    pair "broadcast busbw 4M, 4 ranks, tcp" 0 "Open MPI, btl tcp,self" tern_busbw broadcast -- mpi_busbw broadcast
-    pair "allgather busbw 4M, 4 ranks, tcp" 0 "Open MPI, btl tcp,self" tern_busbw allgather -- mpi_busbw allgather
+    op_col() { if [ "$1" = barrier ]; then echo 8; else echo 11; fi; } # lat_us_avg or busbw
+    tern_op() { # tcp|sm test
+        if [ "$1" = sm ]; then
+            tern_coll ucx "$OPS_RANKS" "$2" "$OPS_SIZE" UCX_TLS=sm
+        else
+            tern_coll tcp "$OPS_RANKS" "$2" "$OPS_SIZE"
+        fi | awk -F, -v c="$(op_col "$2")" 'NR == 2 { print $c }'
+    }
+    mpi_op() { # tcp|sm test
+        if [ "$1" = sm ]; then
+            mpi_coll "$OPS_RANKS" "$2" "$OPS_SIZE"
+        else
+            mpi_coll "$OPS_RANKS" "$2" "$OPS_SIZE" "${MPI_TCP[@]}"
+        fi | awk -F, -v c="$(op_col "$2")" 'NR == 2 { print $c }'
+    }
+    for tr in tcp sm; do
+        [ $tr = sm ] && [ $have_sm = 0 ] && continue
+        peer="Open MPI, btl tcp,self"; [ $tr = sm ] && peer="Open MPI, default (shared memory)"
+        for op in $COLL_OPS; do
+            if [ "$op" = barrier ]; then
+                pair "barrier lat, $OPS_RANKS ranks, $tr" 1 "$peer" tern_op $tr "$op" -- mpi_op $tr "$op"
+            else
+                pair "$op busbw $OPS_SIZE, $OPS_RANKS ranks, $tr" 0 "$peer" tern_op $tr "$op" -- mpi_op $tr "$op"
+            fi
+        done
+    done
 fi
 
 # The curves: every series' medians at 1 KiB and up, for perf/plot_coll.sh.
