@@ -4,9 +4,9 @@
 # columns that apply hold positive numbers and the others are empty; the
 # collectives also verify their results (--check); rpc checks its echo. No
 # speed is asserted here (benchmarks live in perf/).
-#   perf_smoke.sh TERN_RUN TERN_PERF
+#   perf_smoke.sh TERN_RUN TERN_PERF [HAVE_UCX]
 set -euo pipefail
-RUN=$1 PERF=$2
+RUN=$1 PERF=$2 HAVE_UCX=${3:-0}
 HEADER='test,transport,mem,ranks,size,iters,lat_us_p50,lat_us_avg,lat_us_p99,bw_GBps,busbw_GBps,msg_rate'
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
@@ -26,6 +26,16 @@ for t in lat bw bibw rate; do
         $11 != "" { print "busbw must be empty for p2p: " $0; bad = 1 }
         END { exit bad }' || fail "$t: malformed CSV"
 done
+
+# --min-size/--max-size: the powers of two between them, each a row.
+sizes=$("$RUN" -n 2 --no-prefix "$PERF" lat --min-size 1k --max-size 8k --iters 3 --format csv | tail -n +2 | cut -d, -f5 | paste -sd,)
+[ "$sizes" = 1024,2048,4096,8192 ] || fail "--min-size 1k --max-size 8k gave sizes '$sizes'"
+# --transport names the provider in use, whatever TERN_TRANSPORT says.
+if [ "$HAVE_UCX" = 1 ]; then
+    out=$(UCX_TLS=sm "$RUN" -n 2 --no-prefix "$PERF" lat --transport ucx --sizes 8,20k --iters 3 --format csv)
+    printf '%s\n' "$out" | tail -n +2 | awk -F, '$2 != "ucx" || $8 <= 0 { bad = 1 } END { exit bad || NR != 2 }' ||
+        fail "--transport ucx: $out"
+fi
 
 # JSON and the table mention what they measured. Each JSON row and the run
 # say how much CPU time the hypervisor took (null when no clock tick passed).
