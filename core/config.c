@@ -108,8 +108,9 @@ static const field_t fields[] = {
             "by zero-copy rendezvous"},
     {.name = "TERN_UNEXPECTED_MAX", .group = "tern", .type = FIELD_SIZE, .dflt = "64M",
      .offset = OFF(unexpected_max),
-     .doc = "memory for eager messages that arrive before their receive; past it senders "
-            "switch to rendezvous"},
+     .doc = "memory for eager messages that arrive before their receive (past it senders "
+            "switch to rendezvous), and again for rendezvous headers (past it sends are "
+            "refused)"},
     {.name = "TERN_COLL_ALGO_ALLREDUCE", .group = "tern", .type = FIELD_ENUM, .dflt = "auto",
      .values = "auto|ring|rd|rabenseifner", .offset = OFF(coll_algo_allreduce),
      .doc = "all_reduce algorithm: auto picks by size (docs/collectives.md); ring (reduce-scatter + "

@@ -90,7 +90,7 @@ typedef struct unexp {
     uint32_t rkey_len;
     uint32_t shape;    /* rendezvous: the sender's (tern_request.shape) */
     uint64_t seq;
-    uint8_t rkey[TERN_RKEY_MAX];
+    uint8_t rkey[];    /* rendezvous: rkey_len bytes */
 } unexp_t;
 
 struct tern__comm {
@@ -145,6 +145,11 @@ struct tern__comm {
     uint64_t *sent;           /* [world] the last number sent to each peer */
     uint64_t *arrived;        /* [world] the highest number from each peer */
     size_t unexpected_bytes;
+    /* The rendezvous messages waiting for their receives: an unexp_t and
+     * its key each, held to unexpected_max bytes too (TERN_UNEXPECTED_MAX),
+     * past which a sender's RTS is refused (FIN with TERN_ERR_NO_RESOURCE). */
+    size_t unexpected_hdrs, unexpected_max;
+    bool hdrs_full_said;      /* the refusal was logged since the queue last had room */
     /* Communicators destroyed (tern__p2p_drop_cid), sorted: what still comes
      * for them (a failed collective's last messages) is dropped on arrival. */
     uint32_t *dead_cids;

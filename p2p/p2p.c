@@ -621,8 +621,15 @@ static void on_put(tern__comm_t *comm, const tern_event_t *ev)
     offered_done(comm, req, ev->len, TERN_OK);
 }
 
+/* The memory a queued rendezvous message holds (comm->unexpected_hdrs). */
+static size_t hdr_bytes(const unexp_t *u)
+{
+    return u->rndv ? sizeof(*u) + u->rkey_len : 0;
+}
+
 static void append_unexp(tern__comm_t *comm, unexp_t *u)
 {
+    comm->unexpected_hdrs += hdr_bytes(u);
     u->next = NULL;
     if (comm->unexp_tail)
         comm->unexp_tail->next = u;
@@ -782,7 +789,7 @@ static void on_rndv(tern__comm_t *comm, const tern_event_t *ev, void *arg)
         send_fin(comm, src, o.id, TERN_ERR_CANCELED);
         return;
     }
-    unexp_t *u = calloc(1, sizeof(*u));
+    unexp_t *u = calloc(1, sizeof(*u) + o.rkey_len);
     if (u == NULL) {
         tern_error("p2p: no memory to take a rendezvous from rank %d", src);
         send_fin(comm, src, o.id, TERN_ERR_NO_MEMORY);
@@ -798,6 +805,22 @@ static void on_rndv(tern__comm_t *comm, const tern_event_t *ev, void *arg)
         get_or_queue(comm, req, u);
         return;
     }
+    /* Credit bounds the eager payload queued here; this bounds the
+     * rendezvous headers, which a sender posting sends without end would
+     * otherwise grow without limit. Its send fails, saying why; the
+     * messages queued before it keep their order. */
+    if (comm->unexpected_hdrs + hdr_bytes(u) > comm->unexpected_max) {
+        if (!comm->hdrs_full_said)
+            tern_error("p2p: rendezvous messages waiting for their receives hold %zu bytes, "
+                       "TERN_UNEXPECTED_MAX is %zu; rank %d's (tag %d, %" PRIu64
+                       " bytes) and those after it are refused until receives take some",
+                       comm->unexpected_hdrs, comm->unexpected_max, src, o.tag, o.len);
+        comm->hdrs_full_said = true;
+        free(u);
+        send_fin(comm, src, o.id, TERN_ERR_NO_RESOURCE);
+        return;
+    }
+    comm->hdrs_full_said = false;
     append_unexp(comm, u);
 }
 
@@ -1298,6 +1321,7 @@ static unexp_t *find_unexp(tern__comm_t *comm, uint32_t cid, int src, int tag, u
 
 static void unlink_unexp(tern__comm_t *comm, unexp_t *u, unexp_t *prev)
 {
+    comm->unexpected_hdrs -= hdr_bytes(u);
     if (prev != NULL)
         prev->next = u->next;
     else
@@ -1633,6 +1657,7 @@ tern_status_t tern__p2p_init(tern__comm_t *comm)
     comm->coll_eager_limit = eager_cap(comm, cfg->coll_eager_limit, eager_hdr(1));
     comm->rtr_on = cfg->coll_rtr && comm->attr.revokes_keys;
     comm->credit_per_peer = cfg->unexpected_max / comm->world;
+    comm->unexpected_max = cfg->unexpected_max;
     comm->pair = calloc(comm->world, sizeof(*comm->pair));
     comm->credits = calloc(comm->world, sizeof(*comm->credits));
     comm->consumed = calloc(comm->world, sizeof(*comm->consumed));

@@ -458,10 +458,14 @@ TERN__HOT tern_status_t req_finish(tern__comm_t *comm, tern_request_t *req, tern
     }
     bool exact = req->exact;
     size_t cap = req->len;
+    int peer = req->peer;
     req->released = true;
     if (req->ops == 0)
         tern__req_free(comm, req);
-    if (st != TERN_OK)
+    if (st == TERN_ERR_NO_RESOURCE && kind == REQ_SEND)
+        tern__error(st, "send refused by rank %d: too many messages wait there for their "
+                    "receives (its TERN_UNEXPECTED_MAX)", peer);
+    else if (st != TERN_OK)
         tern__error(st, "%s %s (rank %d, tag %d, %zu bytes)", kind == REQ_SEND ? "send" : "receive",
                     tern_strerror(st), got.source, got.tag, got.len);
     else if (exact && got.len != cap)

@@ -9,7 +9,9 @@
  * the sender registers its buffer and the receiver reads it straight into its
  * own (rendezvous, no copy). Messages that arrive before their receive is
  * posted wait in a queue whose memory is bounded by TERN_UNEXPECTED_MAX: past
- * it senders switch to rendezvous, which queues only a small header.
+ * it senders switch to rendezvous, which queues only a small header; past as
+ * many bytes of those, further sends to that receiver fail with
+ * TERN_ERR_NO_RESOURCE until it receives some (docs/p2p.md).
  *
  * Threading: any thread may call these; a request is waited on by one thread.
  */

@@ -2,7 +2,8 @@
  * Point-to-point across real ranks (run under tern-run with 2, 3 or 4 ranks,
  * over each transport): sizes around the eager/rendezvous boundary, ordering
  * across both protocols, any-source and any-tag, truncation at both ends,
- * many requests in flight, the unexpected-queue bound, self-sends, bad
+ * many requests in flight, the unexpected-queue bound (eager payload and
+ * rendezvous headers), self-sends, bad
  * arguments, tern_request_test on a receive that cannot have completed,
  * tensors (both protocols, exact sizes, any-source, local refusals),
  * background progress after a long stretch of waits, and with --big a 1 GiB
@@ -175,6 +176,79 @@ static void test_truncation(void)
         CHECK(info.len == eager * 4 && same(mid, eager, 1, 10), "truncated rendezvous info/content");
         free(mid);
     }
+}
+
+/*
+ * Rendezvous messages nobody receives yet are bounded too: rank 1 posts more
+ * sends past the eager limit than TERN_UNEXPECTED_MAX holds headers of (each
+ * holds 64 bytes or more: its fields and the sender's key) before rank 0
+ * posts a receive. Rank 0
+ * queues a prefix of them and refuses the rest: those sends fail with
+ * TERN_ERR_NO_RESOURCE saying why, and rank 0 then receives exactly the
+ * prefix, in order, and then a message sent after them all.
+ */
+static void test_unexpected_headers(void)
+{
+    const char *e = getenv("TERN_UNEXPECTED_MAX");
+    char *end = NULL;
+    size_t bound = e ? strtoull(e, &end, 10) : 0;
+    if (bound > 0 && (*end == 'k' || *end == 'K'))
+        bound <<= 10;
+    else if (bound > 0 && *end == 'M')
+        bound <<= 20;
+    if (bound == 0 || bound > (4u << 20))
+        return; /* a job with a small bound runs it (tests/p2p/CMakeLists.txt) */
+    size_t K = bound / 64 + 100, n = eager + 1 + K;
+    uint8_t *buf = malloc(n);
+    CHECK(buf != NULL, "no memory");
+    if (rank == 1) {
+        tern_request_t **r = calloc(K, sizeof(*r));
+        CHECK(r != NULL, "no memory");
+        fill(buf, n, 1, 30);
+        for (size_t i = 0; i < K; i++)
+            OK(tern_isend(ctx, buf, eager + 1 + i, 0, 300, &r[i]));
+        /* FINs come in order: once the last is in, every refusal is. */
+        tern_status_t st = tern_request_wait(r[K - 1], 20ll * 1000 * 1000 * 1000, NULL);
+        CHECK(st == TERN_ERR_NO_RESOURCE, "the last of %zu rendezvous sends got %s", K,
+              tern_status_name(st));
+        CHECK(strstr(tern_last_error(), "TERN_UNEXPECTED_MAX") != NULL, "the refusal does not say why");
+        size_t queued = K - 1;
+        while (queued > 0) {
+            int done = 0;
+            st = tern_request_test(r[queued - 1], &done, NULL);
+            if (!done)
+                break;
+            CHECK(st == TERN_ERR_NO_RESOURCE, "send %zu ended with %s", queued - 1,
+                  tern_status_name(st));
+            queued--;
+        }
+        CHECK(queued > 0, "every send was refused");
+        for (size_t i = 0; i < queued; i++) {
+            int done = 1;
+            OK(tern_request_test(r[i], &done, NULL));
+            CHECK(!done, "send %zu of the %zu queued ended before rank 0 received", i, queued);
+        }
+        uint64_t q = queued;
+        OK(tern_send(ctx, &q, sizeof(q), 0, 301));
+        OK(tern_send(ctx, "after", 5, 0, 300));
+        for (size_t i = 0; i < queued; i++)
+            OK(tern_request_wait(r[i], -1, NULL));
+        free(r);
+    } else if (rank == 0) {
+        uint64_t q = 0;
+        tern_msg_info_t info;
+        OK(tern_recv(ctx, &q, sizeof(q), 1, 301, &info));
+        CHECK(q > 0 && q < K, "rank 1 says %" PRIu64 " of %zu were queued", q, K);
+        for (uint64_t j = 0; j < q; j++) {
+            OK(tern_recv(ctx, buf, n, 1, 300, &info));
+            CHECK(info.len == eager + 1 + j && same(buf, info.len, 1, 30),
+                  "queued message %" PRIu64 " arrived with %zu bytes", j, info.len);
+        }
+        OK(tern_recv(ctx, buf, n, 1, 300, &info));
+        CHECK(info.len == 5 && memcmp(buf, "after", 5) == 0,
+              "after the queued ones came %zu bytes, not the last message", info.len);
+    }
+    free(buf);
 }
 
 /* tern_request_test on a receive whose message is not sent yet says not
@@ -532,6 +606,8 @@ int main(int argc, char **argv)
         barrier("t4");
         test_unexpected_bound();
         barrier("t5");
+        test_unexpected_headers();
+        barrier("t5a");
         test_request_test();
         barrier("t5b");
         test_tensors();
