@@ -149,6 +149,42 @@ static void test_any_source_any_tag(void)
         OK(tern_send(ctx, buf, sizeof(buf), 0, 100 + (int)rank));
         OK(tern_send(ctx, &v, sizeof(v), 0, 55));
     }
+    /* Non-overtaking holds for any-source receives too, across both
+     * protocols: each rank's eager, rendezvous, eager messages on one tag
+     * arrive in that order, whichever ranks' come between them. (After a
+     * barrier: the any-tag receives above would take them.) */
+    size_t lens[3] = {24, eager * 2 + 5, 8};
+    barrier("any-order");
+    if (rank == 0) {
+        unsigned next[32] = {0};
+        uint8_t *buf = malloc(eager * 2 + 5);
+        CHECK(buf != NULL && world <= 32, "no memory");
+        for (unsigned i = 0; i < 3 * (world - 1); i++) {
+            tern_msg_info_t info;
+            OK(tern_recv(ctx, buf, eager * 2 + 5, TERN_ANY_SOURCE, 56, &info));
+            unsigned from = (unsigned)info.source, k = next[from]++;
+            CHECK(from > 0 && from < world && k < 3, "message %u from %u", k, from);
+            CHECK(info.len == lens[k] && same(buf, info.len, from, 60 + k),
+                  "message %u from rank %u overtaken: %zu bytes", k, from, info.len);
+        }
+        free(buf);
+    } else {
+        uint8_t *buf = malloc(eager * 2 + 5);
+        tern_request_t *r[3];
+        CHECK(buf != NULL, "no memory");
+        for (unsigned k = 0; k < 3; k++) {
+            uint8_t *p = k == 1 ? buf : (uint8_t *)malloc(lens[k]);
+            CHECK(p != NULL, "no memory");
+            fill(p, lens[k], rank, 60 + k);
+            OK(tern_isend(ctx, p, lens[k], 0, 56, &r[k]));
+            if (k != 1) {
+                OK(tern_request_wait(r[k], -1, NULL)); /* eager: done as posted */
+                free(p);
+            }
+        }
+        OK(tern_request_wait(r[1], -1, NULL));
+        free(buf);
+    }
 }
 
 /* A message longer than the receive buffer: an error at the receiver, and for
