@@ -1958,7 +1958,7 @@ tern_status_t tern_recv_tensor(tern_ctx_t *ctx, tern_tensor_t *t, int src, int t
 {
     void *d;
     size_t n;
-    tern_msg_info_t got;
+    tern_msg_info_t got = {0};
     tern_status_t st = tensor_bytes("recv_tensor", t, &d, &n);
     if (st != TERN_OK)
         return st;
