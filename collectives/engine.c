@@ -575,11 +575,21 @@ static bool advance(tern__coll_t *c, bool check_time, hold_t *h)
 {
     bool moved, any = false;
     if (c->failing == TERN_OK && atomic_load_explicit(&c->reported, memory_order_relaxed) != TERN_OK) {
-        char why[200];
+        char why[200], peers[64] = "";
         hold_take(h);
         snprintf(why, sizeof(why), "%s", c->reported_detail);
         tern_status_t st = (tern_status_t)atomic_load(&c->reported);
+        /* A timeout reported by a rank that waits on us, or on a rank we
+         * wait on, names no rank this one waits on; the ranks that wait on
+         * one that stopped calling would otherwise pass on whoever timed out
+         * first, and none would name it (docs/collectives.md, "Failures"). */
+        if (st == TERN_ERR_TIMEOUT)
+            describe_pending(c, peers, sizeof(peers));
         hold_drop(h);
+        if (peers[0] != '\0') {
+            size_t used = strlen(why);
+            snprintf(why + used, sizeof(why) - used, "; this rank waits on rank(s) %s", peers);
+        }
         fail_as(c, st, false, why);
     }
     do {

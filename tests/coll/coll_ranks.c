@@ -1660,6 +1660,8 @@ static void test_big(void)
  * <g> failed: <cause>" (*reporter = x, else -1), naming call #seq of one
  * group; the cause names ranks as "rank R" or "rank(s) R, S". 0 when the
  * error is not of that form or names no rank. */
+static unsigned blamed_ranks(const char *p);
+
 static unsigned blamed(const char *why, const char *op, int seq, int *reporter)
 {
     char pre[64];
@@ -1682,6 +1684,12 @@ static unsigned blamed(const char *why, const char *op, int seq, int *reporter)
         *reporter = x;
         p += used;
     }
+    return blamed_ranks(p);
+}
+
+/* The ranks text names as "rank R" or "rank(s) R, S", as a mask. */
+static unsigned blamed_ranks(const char *p)
+{
     unsigned mask = 0;
     for (size_t at = 0; (p = strstr(p + at, "rank")) != NULL; at = 4) {
         size_t i = 4;
@@ -1743,14 +1751,23 @@ static int test_failure(bool die, size_t count, bool strict)
            why);
     CHECK(failed == 2 || failed == 3, "failed in call #%d, want #2 or #3", failed);
     CHECK(st == TERN_ERR_PEER_LOST || st == TERN_ERR_TIMEOUT, "status %s", tern_status_name(st));
+    /* A relayed timeout ends with the ranks this one waits on itself. */
     int reporter;
+    uint32_t own = 0;
+    char *mine = strstr(why, "; this rank waits on rank(s) ");
+    if (mine != NULL) {
+        own = blamed_ranks(mine + 2);
+        *mine = '\0';
+    }
     uint32_t mask = blamed(why, "all_reduce", failed, &reporter);
+    CHECK(own == 0 || (reporter >= 0 && !die), "own waits in an error not a relayed timeout: %s",
+          why);
     CHECK(mask != 0, "the error names call all_reduce #%d and a rank: %s", failed, why);
     CHECK(reporter < 0 || (reporter != rank && reporter < victim), "relayed from rank %d: %s",
           reporter, why);
     CHECK(secs < 12, "failed only after %.1f s (TERN_TIMEOUT is 5s in this test)", secs);
     /* Compare notes: what each error blames, and whose report it was. */
-    int32_t note[2] = {(int32_t)mask, reporter}, notes[32][2], bye = 1, byes[32];
+    int32_t note[3] = {(int32_t)mask, reporter, (int32_t)own}, notes[32][3], bye = 1, byes[32];
     tern_request_t *q[32];
     for (int r = 0; r < victim; r++)
         if (r != rank)
@@ -1775,6 +1792,7 @@ static int test_failure(bool die, size_t count, bool strict)
             (void)tern_request_wait(q[r], -1, NULL);
     notes[rank][0] = (int32_t)mask;
     notes[rank][1] = reporter;
+    notes[rank][2] = (int32_t)own;
     uint32_t v = 1u << victim, others = (v - 1) & ~(1u << rank);
     if (die) {
         /* A lost connection is seen at once by the victim's partners, whose
@@ -1797,20 +1815,21 @@ static int test_failure(bool die, size_t count, bool strict)
         CHECK(notes[reporter][1] < 0 && (uint32_t)notes[reporter][0] == mask, "relayed rank %d's "
               "report blaming 0x%x, but its own error blames 0x%x (reporter %d): %s", reporter,
               mask, (unsigned)notes[reporter][0], notes[reporter][1], why);
+        /* The ranks it waits on itself: the victim or ranks waiting on it. */
+        CHECK((own & ~(others | v)) == 0, "waits on rank mask 0x%x, itself or beyond the others: %s",
+              own, why);
     }
-    /* Some rank names the victim: always so when it died. Not always when
-     * it hung (about 1 run in 6, --hang): the first rank to time out may be
-     * one that waits on a partner of the victim; its report, naming that
-     * partner, reaches the partners before their own timers run out, and
-     * they return it instead of their own cause, so every error names a
-     * partner and none the victim (the partner's names itself). --hang-strict
-     * checks for that. */
+    /* Some rank names the victim, whether it died or hung: when the first
+     * rank to time out waits on a partner of the victim, its report reaches
+     * the partners before their own timers run out, and they pass it on,
+     * adding the ranks they wait on themselves (the victim). With
+     * --hang-strict, no rank's own cause names itself either. */
     int naming = 0;
     for (int r = 0; r < victim; r++)
-        naming += (uint32_t)notes[r][0] == v;
-    CHECK(naming > 0 || (!die && !strict), "no rank's error names rank %d, which %s", victim,
-          die ? "died" : "hung");
-    CHECK(!strict || !(mask & 1u << rank), "this rank's error blames itself: %s", why);
+        naming += (uint32_t)notes[r][0] == v || ((uint32_t)notes[r][2] & v) != 0;
+    CHECK(naming > 0, "no rank's error names rank %d, which %s", victim, die ? "died" : "hung");
+    CHECK(!strict || !((reporter < 0 ? mask : own) & 1u << rank), "this rank's error blames itself: %s",
+          why);
     fflush(stdout);
     _exit(0); /* finalize would wait for the victim */
 }
