@@ -4,6 +4,7 @@
  * is sent, so a bad call on one rank fails there at once (its peers then see
  * the call missing and time out, as with any rank that does not call).
  */
+#include <inttypes.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,6 +14,7 @@
 #include "core/config.h"
 #include "core/context.h"
 #include "core/error.h"
+#include "core/log.h"
 #include "tensor/host.h"
 #include "tensor/reduce.h"
 
@@ -120,15 +122,30 @@ static size_t segment(const tern_group_t *g)
     return s < SEG_MIN ? SEG_MIN : s;
 }
 
+/* The algorithms' names, in the order of their enums and of the
+ * TERN_COLL_ALGO_* values (core/config.c). */
+static const char *const AR_NAMES[] = {"auto", "ring", "rd", "rabenseifner"};
+static const char *const BC_NAMES[] = {"auto", "binomial", "chain"};
+static const char *const AG_NAMES[] = {"auto", "ring", "bruck"};
+static const char *const A2A_NAMES[] = {"auto", "pairwise", "linear"};
+
 /* A new call with its signature (tern__coll_t.shape): what every member
  * must pass alike, hashed (FNV-1a). count is SIZE_MAX where ranks pass counts
- * of their own (the v-variants), root -1 where there is none. */
+ * of their own (the v-variants), root -1 where there is none. how: the
+ * algorithm's name, which a debug line per call gives (as NCCL_DEBUG=INFO
+ * does), so a run shows what the size, the group and TERN_COLL_ALGO_* chose. */
 static tern__coll_t *coll_new(const call_t *k, tern_dtype_t dtype, tern_reduce_op_t op,
-                              size_t count, int root, int algo)
+                              size_t count, int root, int algo, const char *how)
 {
     tern__coll_t *c = tern__coll_new(k->g, k->name, dtype, op);
     if (c == NULL)
         return NULL;
+    if (count != SIZE_MAX)
+        tern_debug("%s #%" PRIu32 " on group %" PRIu32 ": %d ranks, %zu x %s, by %s", k->name,
+                   c->seq, k->g->cid, k->g->size, count, tern_dtype_name(dtype), how);
+    else
+        tern_debug("%s #%" PRIu32 " on group %" PRIu32 ": %d ranks, counts per rank, %s, by %s",
+                   k->name, c->seq, k->g->cid, k->g->size, tern_dtype_name(dtype), how);
     uint64_t v[] = {(uint64_t)dtype, (uint64_t)op, (uint64_t)count, (uint64_t)(int64_t)root,
                     (uint64_t)(int64_t)algo};
     uint8_t wire[sizeof(v)];
@@ -187,7 +204,7 @@ tern_status_t tern_all_reduce(tern_group_t *g, const void *sbuf, void *rbuf, siz
         algo = bytes <= AR_RD_MAX || count < (size_t)g->size ? AR_RD
                : bytes <= rab_max(g, sbuf == rbuf)           ? AR_RAB
                                                              : AR_RING;
-    tern__coll_t *c = coll_new(&k, dtype, op, count, -1, algo);
+    tern__coll_t *c = coll_new(&k, dtype, op, count, -1, algo, AR_NAMES[algo]);
     if (c == NULL)
         return TERN_ERR_NO_MEMORY;
     tern__build_allreduce(c, sbuf, rbuf, count, algo, segment(g));
@@ -209,7 +226,7 @@ tern_status_t tern_broadcast(tern_group_t *g, void *buf, size_t count, tern_dtyp
     int algo = (int)cfg_of(g)->coll_algo_broadcast;
     if (algo == BC_AUTO)
         algo = bytes <= TREE_MAX || g->size <= 2 ? BC_BINOMIAL : BC_CHAIN;
-    tern__coll_t *c = coll_new(&k, dtype, TERN_SUM, count, root, algo);
+    tern__coll_t *c = coll_new(&k, dtype, TERN_SUM, count, root, algo, BC_NAMES[algo]);
     if (c == NULL)
         return TERN_ERR_NO_MEMORY;
     tern__build_bcast(c, buf, bytes, root, algo, segment(g));
@@ -241,7 +258,7 @@ tern_status_t tern_reduce(tern_group_t *g, const void *sbuf, void *rbuf, size_t 
     int algo = (int)cfg_of(g)->coll_algo_reduce;
     if (algo == BC_AUTO)
         algo = bytes <= TREE_MAX ? BC_BINOMIAL : BC_CHAIN;
-    tern__coll_t *c = coll_new(&k, dtype, op, count, root, algo);
+    tern__coll_t *c = coll_new(&k, dtype, op, count, root, algo, BC_NAMES[algo]);
     if (c == NULL)
         return TERN_ERR_NO_MEMORY;
     tern__build_reduce(c, sbuf, g->rank == root ? rbuf : NULL, count, root, algo, segment(g));
@@ -291,7 +308,7 @@ static tern_status_t all_gather_common(call_t *k, const void *sbuf, size_t scoun
         algo = AG_RING;
     else if (algo == AG_AUTO)
         algo = total <= AG_BRUCK_MAX ? AG_BRUCK : AG_RING;
-    tern__coll_t *c = coll_new(k, dtype, TERN_SUM, SIZE_MAX, -1, algo);
+    tern__coll_t *c = coll_new(k, dtype, TERN_SUM, SIZE_MAX, -1, algo, AG_NAMES[algo]);
     if (c == NULL)
         return TERN_ERR_NO_MEMORY;
     tern__build_allgatherv(c, sbuf, rbuf, counts, displs, algo);
@@ -368,7 +385,7 @@ static tern_status_t gatherv_common(call_t *k, const void *sbuf, size_t scount, 
             return tern__error(TERN_ERR_INVALID_PARAM, "%s: sendcount %zu but counts[%d] = %zu",
                                k->name, scount, root, counts[root]);
     }
-    tern__coll_t *c = coll_new(k, dtype, TERN_SUM, SIZE_MAX, root, 0);
+    tern__coll_t *c = coll_new(k, dtype, TERN_SUM, SIZE_MAX, root, 0, "direct");
     if (c == NULL)
         return TERN_ERR_NO_MEMORY;
     tern__build_gatherv(c, sbuf, scount, rbuf, counts, displs, root);
@@ -419,7 +436,7 @@ static tern_status_t scatterv_common(call_t *k, const void *sbuf, const size_t *
             return tern__error(TERN_ERR_INVALID_PARAM, "%s: recvcount %zu but counts[%d] = %zu",
                                k->name, rcount, root, counts[root]);
     }
-    tern__coll_t *c = coll_new(k, dtype, TERN_SUM, SIZE_MAX, root, 0);
+    tern__coll_t *c = coll_new(k, dtype, TERN_SUM, SIZE_MAX, root, 0, "direct");
     if (c == NULL)
         return TERN_ERR_NO_MEMORY;
     tern__build_scatterv(c, sbuf, counts, displs, rbuf, rcount, root);
@@ -472,7 +489,7 @@ tern_status_t tern_reduce_scatter(tern_group_t *g, const void *sbuf, void *rbuf,
     if (rbuf != mine && overlap(sbuf, sbytes, rbuf, rbytes))
         return tern__error(TERN_ERR_INVALID_PARAM, "reduce_scatter: recvbuf overlaps sendbuf "
                            "without being this rank's block (in place)");
-    tern__coll_t *c = coll_new(&k, dtype, op, count, -1, 0);
+    tern__coll_t *c = coll_new(&k, dtype, op, count, -1, 0, "ring");
     if (c == NULL)
         return TERN_ERR_NO_MEMORY;
     tern__build_reduce_scatter(c, sbuf, rbuf, count, segment(g));
@@ -504,7 +521,7 @@ static tern_status_t all_to_all_common(call_t *k, const void *sbuf, const size_t
         algo = pair_bytes <= A2A_LINEAR_MAX ? A2A_LINEAR : A2A_PAIRWISE;
     /* Its two schedules exchange the same messages (they differ only in what
      * waits for what), and all_to_allv ranks choose by their own counts. */
-    tern__coll_t *c = coll_new(k, dtype, TERN_SUM, SIZE_MAX, -1, 0);
+    tern__coll_t *c = coll_new(k, dtype, TERN_SUM, SIZE_MAX, -1, 0, A2A_NAMES[algo]);
     if (c == NULL)
         return TERN_ERR_NO_MEMORY;
     tern__build_alltoallv(c, sbuf, scounts, sdispls, rbuf, rcounts, rdispls, algo);
@@ -549,7 +566,7 @@ tern_status_t tern_barrier(tern_group_t *g, tern_request_t **req)
     tern_status_t st;
     if ((st = call_begin(&k, g, "barrier", TERN_DTYPE_U8)) != TERN_OK)
         return st;
-    tern__coll_t *c = coll_new(&k, TERN_DTYPE_U8, TERN_SUM, 0, -1, 0);
+    tern__coll_t *c = coll_new(&k, TERN_DTYPE_U8, TERN_SUM, 0, -1, 0, "dissemination");
     if (c == NULL)
         return TERN_ERR_NO_MEMORY;
     tern__build_barrier(c);

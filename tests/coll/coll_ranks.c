@@ -1257,6 +1257,82 @@ static void test_determinism(tern_group_t *g, bool big)
 
 /* ---- groups ---- */
 
+/* The algorithm the last call named in its debug line ("<op> #N on group G:
+ * ..., by <algo>"), written by the calling thread; other threads' lines
+ * (warnings and up) go on to stderr. */
+static char algo_seen[32];
+
+static void algo_sink(tern_log_level_t level, int r, const char *msg, void *arg)
+{
+    (void)arg;
+    const char *by = strstr(msg, ", by ");
+    if (level == TERN_LOG_DEBUG && strstr(msg, " on group ") != NULL && by != NULL)
+        snprintf(algo_seen, sizeof(algo_seen), "%s", by + 5);
+    if (level <= TERN_LOG_WARN)
+        fprintf(stderr, "[tern %d %s] %s\n", r, tern_log_level_name(level), msg);
+}
+
+/* What TERN_COLL_ALGO_<OP> forces, or auto's choice (docs/collectives.md). */
+static const char *algo_want(const char *var, const char *auto_choice)
+{
+    const char *e = getenv(var);
+    return e != NULL && strcmp(e, "auto") != 0 ? e : auto_choice;
+}
+
+/*
+ * Every call names its algorithm at debug level, and it is the one the
+ * override forces (the jobs that set TERN_COLL_ALGO_*) or the one the size
+ * and the group pick (docs/collectives.md, "Algorithms"): so an override
+ * that were ignored, or a threshold that moved, fails here rather than
+ * passing unseen.
+ */
+static void test_algorithms(tern_group_t *g)
+{
+    int n = tern_group_size(g), me = tern_group_rank(g);
+    size_t small = 256, large = 1u << 19; /* elements of f32: 1 KiB and 2 MiB */
+    float *a = xmalloc(large * (size_t)n * sizeof(float)), *b = xmalloc(large * (size_t)n * sizeof(float));
+    memset(a, 0, large * (size_t)n * sizeof(float));
+    tern_log_level_t was = tern_log_get_level();
+    tern_log_set_sink(algo_sink, NULL);
+    tern_log_set_level(TERN_LOG_DEBUG);
+#define SAW(call, want)                                                                        \
+    do {                                                                                       \
+        algo_seen[0] = '\0';                                                                   \
+        OK(call);                                                                              \
+        CHECK(strcmp(algo_seen, (want)) == 0, "%s took '%s', want '%s'", #call, algo_seen,    \
+              (want));                                                                         \
+    } while (0)
+    SAW(tern_all_reduce(g, a, b, small, TERN_DTYPE_F32, TERN_SUM, NULL),
+        algo_want("TERN_COLL_ALGO_ALLREDUCE", "rd"));
+    SAW(tern_broadcast(g, a, small, TERN_DTYPE_F32, 0, NULL),
+        algo_want("TERN_COLL_ALGO_BROADCAST", "binomial"));
+    SAW(tern_broadcast(g, a, large, TERN_DTYPE_F32, n - 1, NULL),
+        algo_want("TERN_COLL_ALGO_BROADCAST", n <= 2 ? "binomial" : "chain"));
+    SAW(tern_reduce(g, a, b, small, TERN_DTYPE_F32, TERN_SUM, 0, NULL),
+        algo_want("TERN_COLL_ALGO_REDUCE", "binomial"));
+    SAW(tern_reduce(g, a, b, large, TERN_DTYPE_F32, TERN_SUM, 0, NULL),
+        algo_want("TERN_COLL_ALGO_REDUCE", "chain"));
+    /* all_gather: by the total; Bruck up to 64 KiB. */
+    SAW(tern_all_gather(g, a, b, 16, TERN_DTYPE_F32, NULL),
+        algo_want("TERN_COLL_ALGO_ALLGATHER", "bruck"));
+    SAW(tern_all_gather(g, a, b, large / 4, TERN_DTYPE_F32, NULL),
+        algo_want("TERN_COLL_ALGO_ALLGATHER", "ring"));
+    /* all_to_all: by the bytes per pair; all at once up to 256 KiB. */
+    SAW(tern_all_to_all(g, a, b, small, TERN_DTYPE_F32, NULL),
+        algo_want("TERN_COLL_ALGO_ALLTOALL", "linear"));
+    SAW(tern_all_to_all(g, a, b, large / 2, TERN_DTYPE_F32, NULL),
+        algo_want("TERN_COLL_ALGO_ALLTOALL", "pairwise"));
+    SAW(tern_reduce_scatter(g, a, b, small, TERN_DTYPE_F32, TERN_SUM, NULL), "ring");
+    SAW(tern_gather(g, a, me == 0 ? b : NULL, small, TERN_DTYPE_F32, 0, NULL), "direct");
+    SAW(tern_scatter(g, me == 0 ? a : NULL, b, small, TERN_DTYPE_F32, 0, NULL), "direct");
+    SAW(tern_barrier(g, NULL), "dissemination");
+#undef SAW
+    tern_log_set_level(was);
+    tern_log_set_sink(NULL, NULL);
+    free(a);
+    free(b);
+}
+
 static void test_groups(void)
 {
     int evens[8], odds[8], ne = 0, no = 0;
@@ -1928,6 +2004,7 @@ int main(int argc, char **argv)
     test_request_test();
     test_tensor_colls(W);
     test_determinism(W, strcmp(mode, "--big") == 0);
+    test_algorithms(W);
     test_groups();
     test_mismatch();
     test_mismatch_big();
