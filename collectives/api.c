@@ -385,7 +385,7 @@ static tern_status_t gatherv_common(call_t *k, const void *sbuf, size_t scount, 
             return tern__error(TERN_ERR_INVALID_PARAM, "%s: sendcount %zu but counts[%d] = %zu",
                                k->name, scount, root, counts[root]);
     }
-    tern__coll_t *c = coll_new(k, dtype, TERN_SUM, SIZE_MAX, root, 0, "direct");
+    tern__coll_t *c = coll_new(k, dtype, TERN_SUM, SIZE_MAX, root, 0, "linear");
     if (c == NULL)
         return TERN_ERR_NO_MEMORY;
     tern__build_gatherv(c, sbuf, scount, rbuf, counts, displs, root);
@@ -436,7 +436,7 @@ static tern_status_t scatterv_common(call_t *k, const void *sbuf, const size_t *
             return tern__error(TERN_ERR_INVALID_PARAM, "%s: recvcount %zu but counts[%d] = %zu",
                                k->name, rcount, root, counts[root]);
     }
-    tern__coll_t *c = coll_new(k, dtype, TERN_SUM, SIZE_MAX, root, 0, "direct");
+    tern__coll_t *c = coll_new(k, dtype, TERN_SUM, SIZE_MAX, root, 0, "linear");
     if (c == NULL)
         return TERN_ERR_NO_MEMORY;
     tern__build_scatterv(c, sbuf, counts, displs, rbuf, rcount, root);

@@ -1323,8 +1323,8 @@ static void test_algorithms(tern_group_t *g)
     SAW(tern_all_to_all(g, a, b, large / 2, TERN_DTYPE_F32, NULL),
         algo_want("TERN_COLL_ALGO_ALLTOALL", "pairwise"));
     SAW(tern_reduce_scatter(g, a, b, small, TERN_DTYPE_F32, TERN_SUM, NULL), "ring");
-    SAW(tern_gather(g, a, me == 0 ? b : NULL, small, TERN_DTYPE_F32, 0, NULL), "direct");
-    SAW(tern_scatter(g, me == 0 ? a : NULL, b, small, TERN_DTYPE_F32, 0, NULL), "direct");
+    SAW(tern_gather(g, a, me == 0 ? b : NULL, small, TERN_DTYPE_F32, 0, NULL), "linear");
+    SAW(tern_scatter(g, me == 0 ? a : NULL, b, small, TERN_DTYPE_F32, 0, NULL), "linear");
     SAW(tern_barrier(g, NULL), "dissemination");
 #undef SAW
     tern_log_set_level(was);
