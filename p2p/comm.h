@@ -146,9 +146,9 @@ struct tern__comm {
     uint64_t *arrived;        /* [world] the highest number from each peer */
     size_t unexpected_bytes;
     /* The rendezvous messages waiting for their receives: an unexp_t and
-     * its key each, held to unexpected_max bytes too (TERN_UNEXPECTED_MAX),
-     * past which a sender's RTS is refused (FIN with TERN_ERR_NO_RESOURCE). */
-    size_t unexpected_hdrs, unexpected_max;
+     * its key each, held to TERN_UNEXPECTED_MAX bytes too, past which a
+     * sender's RTS is refused (FIN with TERN_ERR_NO_RESOURCE). */
+    size_t unexpected_hdrs;
     bool hdrs_full_said;      /* the refusal was logged since the queue last had room */
     /* Communicators destroyed (tern__p2p_drop_cid), sorted: what still comes
      * for them (a failed collective's last messages) is dropped on arrival. */

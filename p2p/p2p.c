@@ -809,12 +809,13 @@ static void on_rndv(tern__comm_t *comm, const tern_event_t *ev, void *arg)
      * rendezvous headers, which a sender posting sends without end would
      * otherwise grow without limit. Its send fails, saying why; the
      * messages queued before it keep their order. */
-    if (comm->unexpected_hdrs + hdr_bytes(u) > comm->unexpected_max) {
+    size_t max = (size_t)tern__ctx_config(comm->ctx)->unexpected_max;
+    if (comm->unexpected_hdrs + hdr_bytes(u) > max) {
         if (!comm->hdrs_full_said)
             tern_error("p2p: rendezvous messages waiting for their receives hold %zu bytes, "
                        "TERN_UNEXPECTED_MAX is %zu; rank %d's (tag %d, %" PRIu64
                        " bytes) and those after it are refused until receives take some",
-                       comm->unexpected_hdrs, comm->unexpected_max, src, o.tag, o.len);
+                       comm->unexpected_hdrs, max, src, o.tag, o.len);
         comm->hdrs_full_said = true;
         free(u);
         send_fin(comm, src, o.id, TERN_ERR_NO_RESOURCE);
@@ -1657,7 +1658,6 @@ tern_status_t tern__p2p_init(tern__comm_t *comm)
     comm->coll_eager_limit = eager_cap(comm, cfg->coll_eager_limit, eager_hdr(1));
     comm->rtr_on = cfg->coll_rtr && comm->attr.revokes_keys;
     comm->credit_per_peer = cfg->unexpected_max / comm->world;
-    comm->unexpected_max = cfg->unexpected_max;
     comm->pair = calloc(comm->world, sizeof(*comm->pair));
     comm->credits = calloc(comm->world, sizeof(*comm->credits));
     comm->consumed = calloc(comm->world, sizeof(*comm->consumed));
