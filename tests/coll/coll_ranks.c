@@ -1096,15 +1096,20 @@ static size_t ar_rab_max(int n, bool in_place)
     return shm ? 32u << 20 : 8u << 20;
 }
 
+/* What TERN_COLL_ALGO_<OP> forces, or auto's choice (docs/collectives.md). */
+static const char *algo_want(const char *var, const char *auto_choice)
+{
+    const char *e = getenv(var);
+    return e != NULL && e[0] != '\0' && strcmp(e, "auto") != 0 ? e : auto_choice;
+}
+
 static const char *ar_algo(int n, size_t count, size_t es, bool in_place)
 {
-    const char *forced = getenv("TERN_COLL_ALGO_ALLREDUCE");
-    if (forced != NULL && strcmp(forced, "auto") != 0 && forced[0] != '\0')
-        return forced;
     size_t bytes = count * es;
-    if (bytes <= 16u * 1024 || count < (size_t)n)
-        return "rd";
-    return bytes <= ar_rab_max(n, in_place) ? "rabenseifner" : "ring";
+    const char *auto_choice = bytes <= 16u * 1024 || count < (size_t)n ? "rd"
+                              : bytes <= ar_rab_max(n, in_place)        ? "rabenseifner"
+                                                                        : "ring";
+    return algo_want("TERN_COLL_ALGO_ALLREDUCE", auto_choice);
 }
 
 #define ORDERS 4
@@ -1272,13 +1277,6 @@ static void algo_sink(tern_log_level_t level, int r, const char *msg, void *arg)
         fprintf(stderr, "[tern %d %s] %s\n", r, tern_log_level_name(level), msg);
 }
 
-/* What TERN_COLL_ALGO_<OP> forces, or auto's choice (docs/collectives.md). */
-static const char *algo_want(const char *var, const char *auto_choice)
-{
-    const char *e = getenv(var);
-    return e != NULL && strcmp(e, "auto") != 0 ? e : auto_choice;
-}
-
 /*
  * Every call names its algorithm at debug level, and it is the one the
  * override forces (the jobs that set TERN_COLL_ALGO_*) or the one the size
@@ -1303,7 +1301,7 @@ static void test_algorithms(tern_group_t *g)
               (want));                                                                         \
     } while (0)
     SAW(tern_all_reduce(g, a, b, small, TERN_DTYPE_F32, TERN_SUM, NULL),
-        algo_want("TERN_COLL_ALGO_ALLREDUCE", "rd"));
+        ar_algo(n, small, sizeof(float), false));
     SAW(tern_broadcast(g, a, small, TERN_DTYPE_F32, 0, NULL),
         algo_want("TERN_COLL_ALGO_BROADCAST", "binomial"));
     SAW(tern_broadcast(g, a, large, TERN_DTYPE_F32, n - 1, NULL),
