@@ -22,6 +22,8 @@
 #include <tern/imm.h>
 #include <tern/transport.h>
 
+#include "core/bytes.h"
+
 #define SEC 1000000000ull
 #define MAX_EVENTS 4096
 
@@ -982,24 +984,12 @@ static void test_peer_closes_mid_transfer(void **state)
  */
 enum { T_HELLO = 1, T_SEND = 3, T_HDR = 56, T_HELLO_LEN = 20 };
 
-static void le32(uint8_t *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static void le64(uint8_t *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
 static void frame(uint8_t *h, uint8_t type, uint32_t imm, uint64_t payload)
 {
     memset(h, 0, T_HDR);
     h[0] = type;
-    le32(h + 8, imm);
-    le64(h + 48, payload);
+    tern__put_le32(h + 8, imm);
+    tern__put_le64(h + 48, payload);
 }
 
 /* A connected socket to the transport whose tcp address is addr (127.0.0.1). */
@@ -1026,10 +1016,10 @@ static void say_hello(int fd, uint32_t magic, uint8_t version, uint32_t id, uint
 {
     uint8_t m[T_HDR + T_HELLO_LEN] = {0};
     frame(m, T_HELLO, 0, T_HELLO_LEN);
-    le32(m + T_HDR, magic);
+    tern__put_le32(m + T_HDR, magic);
     m[T_HDR + 4] = version;
-    le32(m + T_HDR + 8, id);
-    le64(m + T_HDR + 12, instance);
+    tern__put_le32(m + T_HDR + 8, id);
+    tern__put_le64(m + T_HDR + 12, instance);
     say(fd, m, sizeof(m));
 }
 
