@@ -1,7 +1,7 @@
 /*
  * The point-to-point protocol.
  *
- * Eager (class P2P_EAGER): header {cid u32, tag i32} + payload, copied into a
+ * Eager (class P2P_EAGER): header (form, tag or {cid, tag}) + payload, copied into a
  * bounce buffer at the sender (so the send completes at once, as MPI's
  * buffered eager sends do) and into the user's buffer at the receiver.
  *
@@ -75,14 +75,28 @@ enum ctrl {
     CTRL_RTR_FAIL = 8
 };
 
-/* An eager message: cid u32, tag u32, and for a collective's (cid != 0) the
- * call's signature u32 (tern_request.shape), then the payload. */
-#define EAGER_HDR 8
+/* An eager message: a form byte, then
+ *   EAGER_SHORT: tag u16 (a point-to-point message, cid 0, tag 0..65535);
+ *   EAGER_LONG:  cid u32, tag u32, and for a collective's (cid != 0) the
+ *                call's signature u32 (tern_request.shape);
+ * then the payload. The short form keeps an 8-byte message with the ucx
+ * provider's short header in one cache line of UCX's shared-memory FIFO
+ * (transport/ucx/ucx.c, SHORT_HDR_LEN). */
+enum { EAGER_SHORT = 1, EAGER_LONG = 2 };
+#define EAGER_SHORT_HDR 3
+#define EAGER_LONG_HDR 9
 #define EAGER_SIG 4
+#define EAGER_HDR_MAX (EAGER_LONG_HDR + EAGER_SIG)
 
-static inline size_t eager_hdr(uint32_t cid)
+static inline bool eager_short(uint32_t cid, int tag)
 {
-    return cid != 0 ? EAGER_HDR + EAGER_SIG : EAGER_HDR;
+    return cid == 0 && (unsigned)tag <= 0xffffu;
+}
+
+static inline size_t eager_hdr(uint32_t cid, int tag)
+{
+    return eager_short(cid, tag) ? EAGER_SHORT_HDR
+                                 : cid != 0 ? EAGER_LONG_HDR + EAGER_SIG : EAGER_LONG_HDR;
 }
 #define RTS_HDR 36 /* and RTR's */
 
@@ -638,20 +652,41 @@ static void append_unexp(tern__comm_t *comm, unexp_t *u)
     comm->unexp_tail = u;
 }
 
+/* Reads an eager message's header; false if it is malformed. */
+static bool eager_parse(const uint8_t *p, size_t n, uint32_t *cid, int *tag, uint32_t *shape,
+                        size_t *hdr)
+{
+    if (n >= EAGER_SHORT_HDR && p[0] == EAGER_SHORT) {
+        *cid = 0;
+        *tag = (int)tern__get_le16(p + 1);
+        *shape = 0;
+        *hdr = EAGER_SHORT_HDR;
+        return true;
+    }
+    if (n < EAGER_LONG_HDR || p[0] != EAGER_LONG)
+        return false;
+    *cid = tern__get_le32(p + 1);
+    *tag = (int32_t)tern__get_le32(p + 5);
+    *hdr = *cid != 0 ? EAGER_LONG_HDR + EAGER_SIG : EAGER_LONG_HDR;
+    if (n < *hdr)
+        return false;
+    *shape = *cid != 0 ? tern__get_le32(p + EAGER_LONG_HDR) : 0;
+    return true;
+}
+
 static void on_eager(tern__comm_t *comm, const tern_event_t *ev, void *arg)
 {
     (void)arg;
-    int src = (int)ev->src;
+    int src = (int)ev->src, tag;
     const uint8_t *p = ev->data;
-    if (ev->type != TERN_EVENT_RECV || ev->len < EAGER_HDR || ev->src >= comm->world ||
-        ev->len < eager_hdr(tern__get_le32(p))) {
+    uint32_t cid, shape;
+    size_t hdr;
+    if (ev->type != TERN_EVENT_RECV || ev->src >= comm->world ||
+        !eager_parse(p, ev->len, &cid, &tag, &shape, &hdr)) {
         tern_warn("p2p: malformed eager message from rank %u (%zu bytes); dropped", ev->src, ev->len);
         return;
     }
-    uint32_t cid = tern__get_le32(p);
-    int tag = (int32_t)tern__get_le32(p + 4);
-    uint32_t shape = cid != 0 ? tern__get_le32(p + EAGER_HDR) : 0;
-    size_t hdr = eager_hdr(cid), len = ev->len - hdr;
+    size_t len = ev->len - hdr;
     uint64_t seq = msg_seq(comm, src, ev->imm);
     tern_request_t *req = take_posted(comm, cid, src, tag);
     if (req != NULL) {
@@ -1187,18 +1222,24 @@ void tern__p2p_rtr_tick(tern__comm_t *comm, uint64_t now)
 TERN__HOT void eager_build(uint8_t *msg, uint32_t cid, int tag, uint32_t shape, const void *buf,
                            size_t len)
 {
-    tern__put_le32(msg, cid);
-    tern__put_le32(msg + 4, (uint32_t)tag);
-    if (cid != 0)
-        tern__put_le32(msg + EAGER_HDR, shape);
+    if (eager_short(cid, tag)) {
+        msg[0] = EAGER_SHORT;
+        tern__put_le16(msg + 1, (uint16_t)tag);
+    } else {
+        msg[0] = EAGER_LONG;
+        tern__put_le32(msg + 1, cid);
+        tern__put_le32(msg + 5, (uint32_t)tag);
+        if (cid != 0)
+            tern__put_le32(msg + EAGER_LONG_HDR, shape);
+    }
     if (len)
-        memcpy(msg + eager_hdr(cid), buf, len);
+        memcpy(msg + eager_hdr(cid, tag), buf, len);
 }
 
 /* Whether an eager message of len payload bytes goes by tern_ep_send_inline. */
-TERN__HOT bool eager_inline(const tern__comm_t *comm, uint32_t cid, size_t len)
+TERN__HOT bool eager_inline(const tern__comm_t *comm, uint32_t cid, int tag, size_t len)
 {
-    const size_t n = eager_hdr(cid) + len;
+    const size_t n = eager_hdr(cid, tag) + len;
     return n <= comm->attr.max_inline && n <= BOUNCE_SMALL;
 }
 
@@ -1216,7 +1257,7 @@ TERN__HOT tern_status_t send_eager_inline(tern__comm_t *comm, uint32_t cid, cons
     eager_build(stack + comm->attr.inline_prefix, cid, tag, shape, buf, len);
     const uint32_t imm = msg_imm(comm, TERN_IMM_P2P_EAGER, dst, seq);
     tern_status_t st = tern__comm_ep(comm, dst, &ep);
-    return st == TERN_OK ? tern_ep_send_inline(ep, imm, stack, eager_hdr(cid) + len) : st;
+    return st == TERN_OK ? tern_ep_send_inline(ep, imm, stack, eager_hdr(cid, tag) + len) : st;
 }
 
 /* An eager send too large for that, from a bounce buffer (lock held,
@@ -1224,7 +1265,7 @@ TERN__HOT tern_status_t send_eager_inline(tern__comm_t *comm, uint32_t cid, cons
 static tern_status_t send_eager_bounce(tern__comm_t *comm, uint32_t cid, const void *buf,
                                        size_t len, int dst, int tag, uint32_t shape, uint64_t *seq)
 {
-    const size_t n = eager_hdr(cid) + len;
+    const size_t n = eager_hdr(cid, tag) + len;
     bounce_t *b = bounce_new(comm, n);
     if (b == NULL)
         return tern__error(TERN_ERR_NO_MEMORY, "send: no memory for %zu bytes", len);
@@ -1239,7 +1280,7 @@ static tern_status_t send_eager_bounce(tern__comm_t *comm, uint32_t cid, const v
 TERN__HOT tern_status_t send_eager(tern__comm_t *comm, uint32_t cid, const void *buf, size_t len,
                                    int dst, int tag, uint32_t shape, uint64_t *seq)
 {
-    tern_status_t st = eager_inline(comm, cid, len)
+    tern_status_t st = eager_inline(comm, cid, tag, len)
                             ? send_eager_inline(comm, cid, buf, len, dst, tag, shape, seq)
                             : send_eager_bounce(comm, cid, buf, len, dst, tag, shape, seq);
     if (st == TERN_OK)
@@ -1654,8 +1695,8 @@ tern_status_t tern__p2p_terms_take(tern__comm_t *comm, int r, const uint8_t *t)
 tern_status_t tern__p2p_init(tern__comm_t *comm)
 {
     const tern__config_t *cfg = tern__ctx_config(comm->ctx);
-    comm->eager_limit = eager_cap(comm, cfg->eager_limit, eager_hdr(0));
-    comm->coll_eager_limit = eager_cap(comm, cfg->coll_eager_limit, eager_hdr(1));
+    comm->eager_limit = eager_cap(comm, cfg->eager_limit, EAGER_LONG_HDR);
+    comm->coll_eager_limit = eager_cap(comm, cfg->coll_eager_limit, EAGER_HDR_MAX);
     comm->rtr_on = cfg->coll_rtr && comm->attr.revokes_keys;
     comm->credit_per_peer = cfg->unexpected_max / comm->world;
     comm->pair = calloc(comm->world, sizeof(*comm->pair));

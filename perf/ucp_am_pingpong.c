@@ -1,8 +1,8 @@
 /*
  * The floor under tern's ucx provider for compare.sh: a ping-pong of UCP
- * active messages carrying the same 32-byte header the provider puts on every
- * message (and the 8-byte p2p header plus the payload as data), with nothing
- * else. The gap between this and ucx_perftest tag_lat is UCX's; the gap
+ * active messages carrying the same bytes tern's ucx provider sends for a
+ * small p2p message: its 16-byte short header, the 3-byte p2p eager header and
+ * the payload, as one run of AM data with no AM header, and nothing else. The gap between this and ucx_perftest tag_lat is UCX's; the gap
  * between tern-perf and this is tern's (provider and p2p layer).
  *   ucp-am-pingpong SIZE ITERS     one-way latency (RTT/2): avg and p50 in us
  * Two processes (fork), worker addresses exchanged through pipes; honours
@@ -21,8 +21,8 @@
 #include "peer.h"
 
 #define AM_ID 7
-#define HDR_LEN 32  /* transport/ucx/ucx.c MSG_HDR_LEN */
-#define P2P_HDR 8   /* p2p/p2p.c EAGER_HDR */
+#define HDR_LEN 16  /* transport/ucx/ucx.c SHORT_HDR_LEN */
+#define P2P_HDR 3   /* p2p/p2p.c EAGER_SHORT_HDR */
 
 static volatile unsigned arrived;
 
@@ -41,10 +41,10 @@ static void die(const char *what, ucs_status_t st)
 }
 
 /* Send one AM and wait until UCX is done with the buffers. */
-static void send_one(ucp_worker_h w, ucp_ep_h ep, const void *hdr, const void *buf, size_t len)
+static void send_one(ucp_worker_h w, ucp_ep_h ep, const void *buf, size_t len)
 {
     ucp_request_param_t p = {0};
-    ucs_status_ptr_t sp = ucp_am_send_nbx(ep, AM_ID, hdr, HDR_LEN, buf, len, &p);
+    ucs_status_ptr_t sp = ucp_am_send_nbx(ep, AM_ID, NULL, 0, buf, len, &p);
     if (UCS_PTR_IS_ERR(sp))
         die("ucp_am_send_nbx", UCS_PTR_STATUS(sp));
     if (sp != NULL) {
@@ -60,7 +60,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: %s SIZE ITERS\n", argv[0]);
         return 2;
     }
-    size_t size = strtoull(argv[1], NULL, 10) + P2P_HDR;
+    size_t size = strtoull(argv[1], NULL, 10) + HDR_LEN + P2P_HDR;
     unsigned iters = (unsigned)strtoul(argv[2], NULL, 10), warm = iters / 10 + 1;
     int down[2], up[2];
     if (pipe(down) != 0 || pipe(up) != 0) {
@@ -109,7 +109,6 @@ int main(int argc, char **argv)
     if ((st = ucp_ep_create(w, &ep_params, &ep)) != UCS_OK)
         die("ucp_ep_create", st);
 
-    uint8_t hdr[HDR_LEN] = {1};
     uint8_t *buf = calloc(1, size);
     uint64_t *s = calloc(iters, sizeof(*s));
     if (buf == NULL || s == NULL) {
@@ -122,7 +121,7 @@ int main(int argc, char **argv)
     uint64_t t = peer_now_ns();
     for (unsigned i = 0; i < warm + iters; i++) {
         if (!server) {
-            send_one(w, ep, hdr, buf, size);
+            send_one(w, ep, buf, size);
             uint64_t t1 = peer_now_ns();
             if (i >= warm)
                 s[i - warm] = t1 - t;
@@ -131,14 +130,14 @@ int main(int argc, char **argv)
         while (arrived < i + 1)
             ucp_worker_progress(w);
         if (server)
-            send_one(w, ep, hdr, buf, size);
+            send_one(w, ep, buf, size);
     }
     /* Both sides done before either endpoint goes. */
     char done = 1;
     if (peer_xfer(wfd, &done, 1, 1) || peer_xfer(rfd, &done, 1, 0))
         return 1;
     if (!server)
-        peer_print_lat(size - P2P_HDR, s, iters);
+        peer_print_lat(size - HDR_LEN - P2P_HDR, s, iters);
     ucp_request_param_t cpar = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
                                 .flags = UCP_EP_CLOSE_FLAG_FORCE};
     ucs_status_ptr_t cr = ucp_ep_close_nbx(ep, &cpar);

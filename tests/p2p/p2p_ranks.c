@@ -2,6 +2,7 @@
  * Point-to-point across real ranks (run under tern-run with 2, 3 or 4 ranks,
  * over each transport): sizes around the eager/rendezvous boundary, ordering
  * across both protocols, any-source and any-tag, truncation at both ends,
+ * tags across their range (both eager header forms),
  * many requests in flight, the unexpected-queue bound (eager payload and
  * rendezvous headers), self-sends, bad
  * arguments, tern_request_test on a receive that cannot have completed,
@@ -184,6 +185,40 @@ static void test_any_source_any_tag(void)
         }
         OK(tern_request_wait(r[1], -1, NULL));
         free(buf);
+    }
+}
+
+/* Tags across the whole range: eager messages with tags up to 65535 carry a
+ * 2-byte tag, larger ones the full form (p2p/p2p.c), and both must match and
+ * report their tag exactly. Each rank sends every tag to the next rank, in
+ * order, as 8-byte and empty messages; the next rank takes them in reverse
+ * order by exact tag (so all but the last wait unexpected), then any-tag. */
+static void test_tag_range(void)
+{
+    static const int tags[] = {0, 1, 255, 256, 65534, 65535, 65536, 65537, 0x123456, TERN_TAG_MAX - 1,
+                               TERN_TAG_MAX};
+    enum { NT = sizeof(tags) / sizeof(tags[0]) };
+    const int to = (int)((rank + 1) % world), from = (int)((rank + world - 1) % world);
+    for (unsigned i = 0; i < NT; i++) {
+        uint64_t v = (uint64_t)rank << 32 | (uint32_t)tags[i];
+        OK(tern_send(ctx, &v, sizeof(v), to, tags[i]));
+    }
+    for (unsigned i = 0; i < NT; i++)
+        OK(tern_send(ctx, NULL, 0, to, tags[i]));
+    for (unsigned i = NT; i-- > 0;) {
+        uint64_t v = 0;
+        tern_msg_info_t info;
+        OK(tern_recv(ctx, &v, sizeof(v), from, tags[i], &info));
+        CHECK(info.tag == tags[i] && info.len == 8 && v == ((uint64_t)from << 32 | (uint32_t)tags[i]),
+              "tag %d: got tag %d, %zu bytes, value %#" PRIx64, tags[i], info.tag, info.len, v);
+    }
+    for (unsigned i = 0; i < NT; i++) {
+        tern_msg_info_t info;
+        uint8_t b[8];
+        OK(tern_recv(ctx, b, sizeof(b), from, TERN_ANY_TAG, &info));
+        CHECK(info.tag == tags[i] && info.len == 0 && info.source == from,
+              "any-tag receive %u: tag %d (want %d), %zu bytes from %d", i, info.tag, tags[i],
+              info.len, info.source);
     }
 }
 
@@ -638,6 +673,8 @@ int main(int argc, char **argv)
         barrier("t2");
         test_any_source_any_tag();
         barrier("t3");
+        test_tag_range();
+        barrier("t3a");
         test_truncation();
         barrier("t4");
         test_unexpected_bound();

@@ -105,7 +105,17 @@
 #define RKEY_HDR_LEN 40u
 #define RKEY_F_HOST (1u << 16) /* in the key's access word: the region is host memory */
 #define MSG_HDR_LEN 32u
-_Static_assert(MSG_HDR_LEN <= TERN_INLINE_PREFIX_MAX, "the header is the inline sends' prefix");
+/* The short header of a tern_ep_send_inline (ucx_send_inline): a send with
+ * no flags, its seq cut to 24 bits and no len (the AM's length gives it).
+ * UCX's shared-memory FIFO element holds 28 bytes of its own and UCP's AM 8
+ * before our bytes, so a 64-byte cache line has room for 28 of them: a small
+ * message that fits there crosses between the cores as one line, not two
+ * (docs/perf.md, "tenth look"). The receiver extends the seq from its stream's
+ * next one, which is right while fewer than 2^23 messages of one stream are
+ * out of order there. */
+#define SHORT_HDR_LEN 16u
+#define WIRE_SHORT (0x80u | WIRE_VERSION)
+_Static_assert(SHORT_HDR_LEN <= TERN_INLINE_PREFIX_MAX, "the header is the inline sends' prefix");
 /* A message whose payload is at most this travels as one contiguous AM
  * payload, header first, instead of header and payload apart (am_post). */
 #define MSG_INLINE 224u
@@ -1083,24 +1093,48 @@ static ucs_status_t am_cb(void *arg, const void *header, size_t header_length, v
     ucx_stream_t *s;
     ucx_entry_t *e;
 
-    /* The header inside the payload (a small message, am_post). */
-    if (header_length == 0 && !rndv && length >= MSG_HDR_LEN &&
-        length - MSG_HDR_LEN <= MSG_INLINE) {
+    uint8_t type = MSG_SEND;
+    uint16_t flags = 0;
+    uint32_t src, conn, seq, imm;
+    uint64_t hlen = 0;
+    const bool is_short = header_length == 0 && !rndv && length >= SHORT_HDR_LEN &&
+                          *(const uint8_t *)data == WIRE_SHORT &&
+                          length - SHORT_HDR_LEN <= MSG_INLINE;
+    if (is_short) {
+        /* The short header (ucx_send_inline). */
         h = data;
-        header_length = MSG_HDR_LEN;
-        data = (uint8_t *)data + MSG_HDR_LEN;
-        length -= MSG_HDR_LEN;
+        seq = tern__get_le32(h) >> 8; /* 24 bits: extended below */
+        imm = tern__get_le32(h + 12);
+        data = (uint8_t *)data + SHORT_HDR_LEN;
+        length -= SHORT_HDR_LEN;
+    } else {
+        /* The header inside the payload (a small message, am_post). */
+        if (header_length == 0 && !rndv && length >= MSG_HDR_LEN &&
+            length - MSG_HDR_LEN <= MSG_INLINE) {
+            h = data;
+            header_length = MSG_HDR_LEN;
+            data = (uint8_t *)data + MSG_HDR_LEN;
+            length -= MSG_HDR_LEN;
+        }
+        if (header_length != MSG_HDR_LEN || h[0] != WIRE_VERSION) {
+            tern_warn("ucx: dropped a message with a malformed header (%zu bytes, version %u)",
+                      header_length, header_length > 0 ? h[0] : 0);
+            return UCS_OK;
+        }
+        type = h[1];
+        flags = tern__get_le16(h + 2);
+        seq = tern__get_le32(h + 12);
+        imm = tern__get_le32(h + 16);
+        hlen = tern__get_le64(h + 24);
     }
-    if (header_length != MSG_HDR_LEN || h[0] != WIRE_VERSION) {
-        tern_warn("ucx: dropped a message with a malformed header (%zu bytes, version %u)",
-                  header_length, header_length > 0 ? h[0] : 0);
-        return UCS_OK;
-    }
-    const uint32_t src = tern__get_le32(h + 4), conn = tern__get_le32(h + 8), seq = tern__get_le32(h + 12);
+    src = tern__get_le32(h + 4);
+    conn = tern__get_le32(h + 8);
     if ((s = stream_get(tp, src, conn)) == NULL) {
         tern_warn("ucx: no memory for a stream from peer %u: message dropped", src);
         return UCS_OK;
     }
+    if (is_short) /* the seq nearest the stream's next with those 24 bits */
+        seq = s->expected + (uint32_t)((int32_t)((seq - s->expected) << 8) >> 8);
     if (s->closed || seq_before(seq, s->expected) ||
         (!link_empty(&s->entries) &&
          !seq_before(link_entry(s->entries.prev, ucx_entry_t, link)->seq, seq) &&
@@ -1109,11 +1143,11 @@ static ucs_status_t am_cb(void *arg, const void *header, size_t header_length, v
         return UCS_OK;
     }
     /* One slot stays free: drain may be delivering from it (see drain). */
-    if (h[1] == MSG_SEND && !rndv && length <= FAST_INLINE && seq == s->expected &&
+    if (type == MSG_SEND && !rndv && length <= FAST_INLINE && seq == s->expected &&
         link_empty(&s->entries) && s->ncanceled == 0 && !s->dead && tp->nfast < FAST_SLOTS - 1) {
         fast_msg_t *f = &tp->fast[(tp->fast_head + tp->nfast++) % FAST_SLOTS];
         f->src = src;
-        f->imm = tern__get_le32(h + 16);
+        f->imm = imm;
         f->len = (uint32_t)length;
         memcpy(f->data, data, length);
         s->expected++;
@@ -1125,12 +1159,12 @@ static ucs_status_t am_cb(void *arg, const void *header, size_t header_length, v
         tern_warn("ucx: no memory for a message from peer %u: dropped", src);
         return UCS_OK;
     }
-    e->type = h[1];
-    e->flags = tern__get_le16(h + 2);
+    e->type = type;
+    e->flags = flags;
     e->src = src;
     e->seq = seq;
-    e->imm = tern__get_le32(h + 16);
-    e->len = tern__get_le64(h + 24);
+    e->imm = imm;
+    e->len = hlen;
     stream_insert(s, e);
 
     if (stream_canceled(s, seq)) {
@@ -2231,8 +2265,11 @@ static tern_status_t ucx_send_inline(tern_ep_t *bep, uint32_t imm, void *buf, si
         return st;
     if (link_empty(&ep->ops)) {
         static const ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FLAG_FORCE_IMM_CMPL};
-        hdr_write(m, ep, MSG_SEND, 0, imm, len);
-        ucs_status_ptr_t sp = ucp_am_send_nbx(ep->uep, AM_ID, NULL, 0, m, MSG_HDR_LEN + len, &p);
+        tern__put_le32(m, WIRE_SHORT | (ep->tx_seq & 0xffffffu) << 8);
+        tern__put_le32(m + 4, ep->tp->base.self_id);
+        tern__put_le32(m + 8, ep->conn);
+        tern__put_le32(m + 12, imm);
+        ucs_status_ptr_t sp = ucp_am_send_nbx(ep->uep, AM_ID, NULL, 0, m, SHORT_HDR_LEN + len, &p);
         if (UCS_PTR_IS_PTR(sp)) {
             /* FORCE_IMM_CMPL promises no request; should UCX return one all
              * the same, it may still read buf, which is the caller's again
@@ -2249,7 +2286,7 @@ static tern_status_t ucx_send_inline(tern_ep_t *bep, uint32_t imm, void *buf, si
             return tern__error(status_of(UCS_PTR_STATUS(sp)), "ucp_am_send_nbx of %zu bytes: %s",
                                len, ucs_status_string(UCS_PTR_STATUS(sp)));
     }
-    return ucx_send(bep, imm, m + MSG_HDR_LEN, len, NULL);
+    return ucx_send(bep, imm, m + SHORT_HDR_LEN, len, NULL);
 }
 
 /* ---- one-sided ---- */
@@ -2865,7 +2902,7 @@ static tern_status_t ucx_open(const tern__tp_config_t *cfg, tern_transport_t **t
     describe_device(tp, config);
     tp->base.attr.max_send = MAX_SEND;
     tp->base.attr.max_inline = MSG_INLINE; /* copied into the op (am_post) */
-    tp->base.attr.inline_prefix = MSG_HDR_LEN;
+    tp->base.attr.inline_prefix = SHORT_HDR_LEN;
     tp->base.attr.max_put = MAX_PUT;
     tp->base.attr.addr_len = tp->addr_len;
     tern_debug("ucx: open on %s, address %zu bytes", tp->base.attr.device, tp->addr_len);
