@@ -18,9 +18,10 @@
 #   (OUT_DIR defaults to BUILD_DIR/perf), which perf/plot_coll.sh plots, and
 #   keep each run's CSV in OUT_DIR/coll_runs. COLL_INPLACE=1 runs every
 #   all_reduce in place on both sides (torch.distributed's form). BIND=core
-#   pins the collectives' ranks on both sides alike, rank r to core r mod the
-#   cores (tern-run --bind-to core; mpirun --map-by core --bind-to
-#   core:overload-allowed); the default, BIND=none, leaves both unbound.
+#   pins the ranks on both sides alike, rank r to core r mod the cores
+#   (tern-run --bind-to core; mpirun --map-by core --bind-to
+#   core:overload-allowed; taskset for ucx_perftest; PEER_BIND for the forked
+#   peers); the default, BIND=none, leaves both unbound.
 #   Every row shows the steal (CPU time the hypervisor took) of each side's
 #   runs; STEAL_MAX=N runs again, up to STEAL_TRIES times, a run that lost
 #   more than N % (docs/perf.md, "Steal").
@@ -41,19 +42,33 @@ export TERN_LOG=error
 # One machine: UCX (tern's ucx provider and ucx_perftest) stays on loopback.
 export UCX_NET_DEVICES=${UCX_NET_DEVICES:-lo}
 
+# BIND=core: the same placement on both sides. Unbound, 4 ranks on 2 cores
+# go where the kernel puts them, which moves a run by a third
+# (docs/tern-run.md, "Binding"); bound, rank r shares core r mod 2 with
+# rank r+2 on both sides. The point-to-point rows bind their two processes
+# to cores 0 and 1: tern-run, mpirun, the forked peers (PEER_BIND, perf/peer.h)
+# and ucx_perftest's server and client (taskset).
+tern_bind=() mpi_place=(--oversubscribe)
+if [ "$BIND" = core ]; then
+    tern_bind=(--bind-to core)
+    mpi_place=(--map-by core:OVERSUBSCRIBE --bind-to core:overload-allowed)
+    export PEER_BIND=1
+fi
+pin() { [ "$BIND" = core ] && command -v taskset >/dev/null && echo "taskset -c $1"; true; }
+
 have_ucx_provider() { TERN_TRANSPORT=ucx "$RUN" -n 2 "$PERF" lat --sizes 8 --iters 10 >/dev/null 2>&1; }
 
 # tern-perf over a transport; prints one number (avg lat us, or GB/s).
-tern_lat() { env "${@:2}" "$RUN" -n 2 "$PERF" lat --transport "$1" --sizes 8 --iters "${ITERS:-$LAT_ITERS}" --format csv | awk -F, 'NR == 2 { print $8 }'; }
-tern_bw() { env "${@:2}" "$RUN" -n 2 "$PERF" bw --transport "$1" --sizes "$BW_SIZE" --iters "$BW_ITERS" --window "$WINDOW" --format csv | awk -F, 'NR == 2 { print $10 }'; }
+tern_lat() { env "${@:2}" "$RUN" -n 2 "${tern_bind[@]}" "$PERF" lat --transport "$1" --sizes 8 --iters "${ITERS:-$LAT_ITERS}" --format csv | awk -F, 'NR == 2 { print $8 }'; }
+tern_bw() { env "${@:2}" "$RUN" -n 2 "${tern_bind[@]}" "$PERF" bw --transport "$1" --sizes "$BW_SIZE" --iters "$BW_ITERS" --window "$WINDOW" --format csv | awk -F, 'NR == 2 { print $10 }'; }
 
 # ucx_perftest: server in the background, client prints "Final" numbers (-f).
 ucx_run() { # TLS TEST SIZE ITERS FIELD
     local port=$((20000 + RANDOM % 20000))
-    UCX_TLS=$1 timeout 120 ucx_perftest -t "$2" -s "$3" -n "$4" -p "$port" -f >/dev/null 2>&1 &
+    UCX_TLS=$1 timeout 120 $(pin 0) ucx_perftest -t "$2" -s "$3" -n "$4" -p "$port" -f >/dev/null 2>&1 &
     local srv=$!
     sleep 0.5
-    UCX_TLS=$1 timeout 120 ucx_perftest 127.0.0.1 -p "$port" -t "$2" -s "$3" -n "$4" -f 2>/dev/null | awk -v f="$5" 'NF >= 8 && $1 ~ /^[0-9]+$/ { v = $f } END { print v }'
+    UCX_TLS=$1 timeout 120 $(pin 1) ucx_perftest 127.0.0.1 -p "$port" -t "$2" -s "$3" -n "$4" -f 2>/dev/null | awk -v f="$5" 'NF >= 8 && $1 ~ /^[0-9]+$/ { v = $f } END { print v }'
     wait "$srv" 2>/dev/null || true
 }
 ucx_lat() { ucx_run "$1" tag_lat 8 "${ITERS:-$LAT_ITERS}" 3; }
@@ -65,7 +80,7 @@ mpi_bw() { mpi bw "$BW_SIZE" "$BW_ITERS" "$@" "$WINDOW" | awk -F, '{ print $3 }'
 # mpirun takes its options before the program; the window goes after it.
 mpi() { local mode=$1 size=$2 iters=$3; shift 3; local extra=() window=""
         while [ $# -gt 0 ]; do case $1 in --mca) extra+=("$1" "$2" "$3"); shift 3 ;; *) window=$1; shift ;; esac; done
-        timeout 120 mpirun "${root[@]}" -np 2 "${extra[@]}" "$MPI" "$mode" "$size" "$iters" $window 2>/dev/null; }
+        timeout 120 mpirun "${root[@]}" -np 2 "${mpi_place[@]}" "${extra[@]}" "$MPI" "$mode" "$size" "$iters" $window 2>/dev/null; }
 
 # Steal: the CPU time the hypervisor gave to someone else while this VM
 # wanted it (/proc/stat), the largest error on a shared VM and invisible
@@ -88,7 +103,7 @@ run_start=$(cpu_now) retried=0
 measure() {
     local a try
     for try in $(seq "$STEAL_TRIES"); do
-        a=$(cpu_now); MV=$("$@" 2> >(grep -v ' host steal: ' >&2)); MS=$(steal_pct "$a" "$(cpu_now)")
+        a=$(cpu_now); MV=$("$@" 2> >(grep -v -e ' host steal: ' -e '^tern-run: .* bound ' >&2)); MS=$(steal_pct "$a" "$(cpu_now)")
         [ -n "$STEAL_MAX" ] && [ -n "$MS" ] && [ "$MS" -gt "$STEAL_MAX" ] && [ "$try" -lt "$STEAL_TRIES" ] || return 0
         retried=$((retried + 1))
     done
@@ -179,6 +194,7 @@ echo "# median share of CPU time the hypervisor took during tern's / the peer's 
 echo "# (/proc/stat); at ${STEAL_WARN}% or more the verdict says so: the ratio then measures the host too"
 
 if [ "$SECTION" != coll ]; then
+[ "$BIND" = core ] && echo "# both processes of every row bound to cores 0 and 1 (BIND=core)"
 echo "# latency: one-way average us (lower is better); bandwidth: GB/s at $BW_SIZE bytes (higher is better)"
 head_row
 
@@ -230,15 +246,6 @@ MPI_TCP=(--mca pml ob1 --mca btl tcp,self)
 # mpi-coll --inplace), torch.distributed's form.
 ar_extra=()
 [ "${COLL_INPLACE:-0}" = 1 ] && ar_extra=(--inplace)
-# BIND=core: the same placement on both sides. Unbound, 4 ranks on 2 cores
-# go where the kernel puts them, which moves a run by a third
-# (docs/tern-run.md, "Binding"); bound, rank r shares core r mod 2 with
-# rank r+2 on both sides.
-tern_bind=() mpi_place=(--oversubscribe)
-if [ "$BIND" = core ]; then
-    tern_bind=(--bind-to core)
-    mpi_place=(--map-by core:OVERSUBSCRIBE --bind-to core:overload-allowed)
-fi
 
 # A collective's CSV (header and rows) on stdout; a failed run prints a
 # warning and nothing else, so its values count as missing.

@@ -5,6 +5,7 @@
 #ifndef TERN_PERF_PEER_H
 #define TERN_PERF_PEER_H
 
+#include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,6 +31,22 @@ static inline int peer_xfer(int fd, void *buf, size_t n, int out)
         n -= (size_t)r;
     }
     return 0;
+}
+
+/* With PEER_BIND=1 (perf/compare.sh BIND=core), put this side on one CPU:
+ * the parent on CPU 0 and the forked child on CPU 1, as tern-run --bind-to
+ * core places ranks 0 and 1, so both sides of a comparison sit alike. */
+static inline void peer_bind(int child)
+{
+    const char *e = getenv("PEER_BIND");
+    if (e == NULL || e[0] != '1')
+        return;
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(n > 1 ? child != 0 : 0, &set);
+    if (sched_setaffinity(0, sizeof(set), &set) != 0)
+        perror("peer: sched_setaffinity");
 }
 
 static inline int peer_cmp_u64(const void *a, const void *b)

@@ -112,6 +112,8 @@ int main(int argc, char **argv)
     char ack = 0;
     memset(buf, 1, size ? size : 1);
     pid_t child = fork();
+    if (child >= 0)
+        peer_bind(child == 0);
     if (child == 0) { /* server: echo or sink */
         int fd = accept(lfd, NULL, NULL);
         tune(fd);

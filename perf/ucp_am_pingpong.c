@@ -73,6 +73,7 @@ int main(int argc, char **argv)
         return 1;
     }
     int server = child == 0;
+    peer_bind(server);
     int wfd = server ? up[1] : down[1], rfd = server ? down[0] : up[0];
 
     ucp_params_t cp = {.field_mask = UCP_PARAM_FIELD_FEATURES, .features = UCP_FEATURE_AM};
