@@ -9,3 +9,6 @@ endforeach()
 add_test(NAME test_ucx_smoke_sm_cma COMMAND test_ucx_smoke_sm)
 set_tests_properties(test_ucx_smoke_sm_cma PROPERTIES TIMEOUT 300 LABELS "transport;ucx" SKIP_RETURN_CODE 77
   ENVIRONMENT "UCX_TLS=sm;TERN_UCX_CMA=128k;UCX_NET_DEVICES=lo;TERN_LOG=warn")
+# The short header's 24-bit seqs, widened across every wrap (header-only).
+tern_add_test(NAME test_ucx_seq SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_ucx_seq.c LINK tern_core
+  LABELS transport ucx)

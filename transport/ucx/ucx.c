@@ -84,6 +84,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "transport/provider.h"
+#include "transport/ucx/seq.h"
 
 /* ---- limits and wire constants ---- */
 
@@ -1133,8 +1134,8 @@ static ucs_status_t am_cb(void *arg, const void *header, size_t header_length, v
         tern_warn("ucx: no memory for a stream from peer %u: message dropped", src);
         return UCS_OK;
     }
-    if (is_short) /* the seq nearest the stream's next with those 24 bits */
-        seq = s->expected + (uint32_t)((int32_t)((seq - s->expected) << 8) >> 8);
+    if (is_short)
+        seq = tern__ucx_seq_near(s->expected, seq);
     if (s->closed || seq_before(seq, s->expected) ||
         (!link_empty(&s->entries) &&
          !seq_before(link_entry(s->entries.prev, ucx_entry_t, link)->seq, seq) &&
