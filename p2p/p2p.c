@@ -93,10 +93,14 @@ static inline bool eager_short(uint32_t cid, int tag)
     return cid == 0 && (unsigned)tag <= 0xffffu;
 }
 
+static inline size_t eager_long_hdr(uint32_t cid)
+{
+    return cid != 0 ? EAGER_LONG_HDR + EAGER_SIG : EAGER_LONG_HDR;
+}
+
 static inline size_t eager_hdr(uint32_t cid, int tag)
 {
-    return eager_short(cid, tag) ? EAGER_SHORT_HDR
-                                 : cid != 0 ? EAGER_LONG_HDR + EAGER_SIG : EAGER_LONG_HDR;
+    return eager_short(cid, tag) ? EAGER_SHORT_HDR : eager_long_hdr(cid);
 }
 #define RTS_HDR 36 /* and RTR's */
 
@@ -667,7 +671,7 @@ static bool eager_parse(const uint8_t *p, size_t n, uint32_t *cid, int *tag, uin
         return false;
     *cid = tern__get_le32(p + 1);
     *tag = (int32_t)tern__get_le32(p + 5);
-    *hdr = *cid != 0 ? EAGER_LONG_HDR + EAGER_SIG : EAGER_LONG_HDR;
+    *hdr = eager_long_hdr(*cid);
     if (n < *hdr)
         return false;
     *shape = *cid != 0 ? tern__get_le32(p + EAGER_LONG_HDR) : 0;
@@ -1218,22 +1222,27 @@ void tern__p2p_rtr_tick(tern__comm_t *comm, uint64_t now)
     }
 }
 
-/* The eager header {cid, tag} and a collective's shape, then the payload. */
-TERN__HOT void eager_build(uint8_t *msg, uint32_t cid, int tag, uint32_t shape, const void *buf,
-                           size_t len)
+/* The eager header (its form, the tag, and in the long form the cid and a
+ * collective's shape), then the payload; returns the message's length. */
+TERN__HOT size_t eager_build(uint8_t *msg, uint32_t cid, int tag, uint32_t shape,
+                             const void *buf, size_t len)
 {
+    size_t hdr;
     if (eager_short(cid, tag)) {
         msg[0] = EAGER_SHORT;
         tern__put_le16(msg + 1, (uint16_t)tag);
+        hdr = EAGER_SHORT_HDR;
     } else {
         msg[0] = EAGER_LONG;
         tern__put_le32(msg + 1, cid);
         tern__put_le32(msg + 5, (uint32_t)tag);
         if (cid != 0)
             tern__put_le32(msg + EAGER_LONG_HDR, shape);
+        hdr = eager_long_hdr(cid);
     }
     if (len)
-        memcpy(msg + eager_hdr(cid, tag), buf, len);
+        memcpy(msg + hdr, buf, len);
+    return hdr + len;
 }
 
 /* Whether an eager message of len payload bytes goes by tern_ep_send_inline. */
@@ -1254,10 +1263,10 @@ TERN__HOT tern_status_t send_eager_inline(tern__comm_t *comm, uint32_t cid, cons
 {
     uint8_t stack[TERN_INLINE_PREFIX_MAX + BOUNCE_SMALL];
     tern_ep_t *ep;
-    eager_build(stack + comm->attr.inline_prefix, cid, tag, shape, buf, len);
+    const size_t n = eager_build(stack + comm->attr.inline_prefix, cid, tag, shape, buf, len);
     const uint32_t imm = msg_imm(comm, TERN_IMM_P2P_EAGER, dst, seq);
     tern_status_t st = tern__comm_ep(comm, dst, &ep);
-    return st == TERN_OK ? tern_ep_send_inline(ep, imm, stack, eager_hdr(cid, tag) + len) : st;
+    return st == TERN_OK ? tern_ep_send_inline(ep, imm, stack, n) : st;
 }
 
 /* An eager send too large for that, from a bounce buffer (lock held,

@@ -1,8 +1,9 @@
 /*
  * The floor under tern's ucx provider for compare.sh: a ping-pong of UCP
  * active messages carrying the same bytes tern's ucx provider sends for a
- * small p2p message: its 16-byte short header, the 3-byte p2p eager header and
- * the payload, as one run of AM data with no AM header, and nothing else. The gap between this and ucx_perftest tag_lat is UCX's; the gap
+ * small p2p message: its 16-byte short header, the 3-byte p2p eager header
+ * and the payload, as one run of AM data with no AM header, and nothing
+ * else. The gap between this and ucx_perftest tag_lat is UCX's; the gap
  * between tern-perf and this is tern's (provider and p2p layer).
  *   ucp-am-pingpong SIZE ITERS     one-way latency (RTT/2): avg and p50 in us
  * Two processes (fork), worker addresses exchanged through pipes; honours
