@@ -96,12 +96,12 @@ static const field_t fields[] = {
      .doc = "tcp provider: the most one write or splice hands a socket, rounded down to whole "
             "TCP segments (at least one): smaller writes stream, where a large one is pushed out "
             "in bursts; 0: no limit"},
-    {.name = "TERN_UCX_CMA", .group = "tern", .type = FIELD_SIZE, .dflt = "0",
+    {.name = "TERN_UCX_CMA", .group = "tern", .type = FIELD_SIZE, .dflt = "256k",
      .offset = OFF(ucx_cma),
      .doc = "ucx provider: host-memory puts and gets at least this large to a peer process on "
             "this host (those with a notice channel: UCX_TLS=sm) copy once, by "
-            "process_vm_readv/writev, instead of twice through UCX's shared-memory FIFO; 0 (the "
-            "default) leaves them to UCX"},
+            "process_vm_readv/writev, as Open MPI's vader does, instead of twice through UCX's "
+            "shared-memory FIFO; 0 leaves them all to UCX"},
     {.name = "TERN_EAGER_LIMIT", .group = "tern", .type = FIELD_SIZE, .dflt = "16k",
      .offset = OFF(eager_limit),
      .doc = "p2p messages up to this size go eagerly (one copy at the receiver); larger ones "

@@ -20,7 +20,7 @@
  *   put+imm   the above, then a notify AM: the target raises TERN_EVENT_PUT_IMM
  *             only after the data is in place
  *   get       ucp_get_nbx
- *             (a peer process on this host, with TERN_UCX_CMA set:
+ *             (a peer process on this host, TERN_UCX_CMA bytes and more:
  *             process_vm_readv/writev for get and put, one copy; see cma_copy)
  *   mr        ucp_mem_map of the caller's range + ucp_rkey_pack behind a tern header
  *             (base, length, access, registration id, checksum)
@@ -1513,9 +1513,10 @@ static void notice_fill(uint8_t *d, uint8_t type, uint32_t src, uint32_t conn, u
  * pid namespace cannot mislead it), and copies the bytes itself with
  * process_vm_readv/writev: one copy, made by the initiator, as an RC NIC's
  * read or write would. It is synchronous: the data is in place when the
- * call returns. Off unless TERN_UCX_CMA asks for it: on some hosts the
- * kernel's walk of the peer's pages costs more than UCX's two copies from
- * cache (docs/transport-ucx.md). */
+ * call returns. From TERN_UCX_CMA bytes (256 KiB by default; Open MPI's
+ * vader copies by cma too); on some hosts the kernel's walk of the peer's
+ * pages costs more than UCX's two copies from cache, and TERN_UCX_CMA=0
+ * leaves everything to UCX there (docs/transport-ucx.md). */
 
 /* Use cma_copy on ep if the peer process behind its notice channel fd is
  * known and ours to reach. */
@@ -1582,7 +1583,7 @@ static tern_status_t cma_copy(ucx_ep_t *ep, void *buf, size_t len, uint64_t radd
 }
 
 /* Whether a put or get of len bytes on ep goes by cma_copy: TERN_UCX_CMA
- * bytes or more (0, the default: never). Small ones stay with UCX where it
+ * bytes or more (0: never). Small ones stay with UCX where it
  * is on: its two copies on two CPUs, asynchronous, beat one on the
  * initiator's when the target has a CPU to spare (docs/transport-ucx.md). */
 static bool cma_usable(const ucx_ep_t *ep, const ucx_rkey_t *rk, size_t len,
