@@ -101,7 +101,8 @@ static const field_t fields[] = {
      .doc = "ucx provider: host-memory puts and gets at least this large to a peer process on "
             "this host (those with a notice channel: UCX_TLS=sm) copy once, by "
             "process_vm_readv/writev, as Open MPI's vader does, instead of twice through UCX's "
-            "shared-memory FIFO; 0 leaves them all to UCX"},
+            "shared-memory FIFO; 0 leaves them all to UCX (faster on some hosts: "
+            "docs/transport-ucx.md)"},
     {.name = "TERN_EAGER_LIMIT", .group = "tern", .type = FIELD_SIZE, .dflt = "16k",
      .offset = OFF(eager_limit),
      .doc = "p2p messages up to this size go eagerly (one copy at the receiver); larger ones "
