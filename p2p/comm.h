@@ -145,6 +145,11 @@ struct tern__comm {
     uint64_t *sent;           /* [world] the last number sent to each peer */
     uint64_t *arrived;        /* [world] the highest number from each peer */
     size_t unexpected_bytes;
+    /* Eager sends a receiver truncated (its NACK), kept for tern_p2p_error:
+     * a ring of the oldest TERN_P2P_ERRORS_KEPT, and a count of the rest. */
+    tern_p2p_error_t errors[TERN_P2P_ERRORS_KEPT];
+    unsigned errors_head, nerrors;
+    uint64_t errors_dropped;
     /* The rendezvous messages waiting for their receives: an unexp_t and
      * its key each, held to TERN_UNEXPECTED_MAX bytes too, past which a
      * sender's RTS is refused (FIN with TERN_ERR_NO_RESOURCE). */

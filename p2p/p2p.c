@@ -1111,13 +1111,24 @@ static void on_control(tern__comm_t *comm, const tern_event_t *ev, void *arg)
         }
         return;
     }
-    case CTRL_NACK:
+    case CTRL_NACK: {
         if (ev->len != 20)
             break;
-        tern_warn("rank %u truncated our %" PRIu64 "-byte message (tag %d) to its %" PRIu64
-                  "-byte buffer",
-                  ev->src, tern__get_le64(p + 4), (int32_t)tern__get_le32(p), tern__get_le64(p + 12));
+        tern_p2p_error_t e = {.status = TERN_ERR_TRUNCATED,
+                              .peer = (int)ev->src,
+                              .tag = (int32_t)tern__get_le32(p),
+                              .len = (size_t)tern__get_le64(p + 4),
+                              .cap = (size_t)tern__get_le64(p + 12)};
+        tern_warn("rank %u truncated our %zu-byte message (tag %d) to its %zu-byte buffer%s",
+                  ev->src, e.len, e.tag, e.cap,
+                  comm->nerrors < TERN_P2P_ERRORS_KEPT ? "" : " (not kept: tern_p2p_error has "
+                                                              "TERN_P2P_ERRORS_KEPT to take)");
+        if (comm->nerrors < TERN_P2P_ERRORS_KEPT)
+            comm->errors[(comm->errors_head + comm->nerrors++) % TERN_P2P_ERRORS_KEPT] = e;
+        else
+            comm->errors_dropped++;
         return;
+    }
     default:
         break;
     }

@@ -426,6 +426,29 @@ tern_status_t tern_ctx_transport(const tern_ctx_t *ctx, char *provider, size_t p
     return TERN_OK;
 }
 
+tern_status_t tern_p2p_error(tern_ctx_t *ctx, tern_p2p_error_t *err)
+{
+    tern__comm_t *comm = ctx ? tern__ctx_comm(ctx) : NULL;
+    tern_status_t st = TERN_ERR_NOT_FOUND;
+    if (comm == NULL || err == NULL)
+        return tern__error(TERN_ERR_INVALID_PARAM, "tern_p2p_error: %s",
+                           err == NULL ? "NULL argument" : "no context");
+    if (tern__comm_trylock(comm)) {
+        tern_transport_progress(comm->tp);
+        tern__comm_unlock(comm);
+    } /* else another thread is progressing */
+    tern__comm_lock(comm);
+    if (comm->nerrors > 0) {
+        *err = comm->errors[comm->errors_head];
+        err->dropped = comm->errors_dropped;
+        comm->errors_head = (comm->errors_head + 1) % TERN_P2P_ERRORS_KEPT;
+        comm->nerrors--;
+        st = TERN_OK;
+    }
+    tern__comm_unlock(comm);
+    return st;
+}
+
 /* ---- waiting ---- */
 
 tern_status_t tern__req_release(tern__comm_t *comm, tern_request_t *req, tern_msg_info_t *info)

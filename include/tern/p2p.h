@@ -19,6 +19,7 @@
 #define TERN_P2P_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include <tern/context.h>
 #include <tern/defs.h>
@@ -89,6 +90,35 @@ TERN_API tern_status_t tern_isend_tensor(tern_ctx_t *ctx, const tern_tensor_t *t
                                          tern_request_t **req);
 TERN_API tern_status_t tern_irecv_tensor(tern_ctx_t *ctx, tern_tensor_t *t, int src, int tag,
                                          tern_request_t **req);
+
+/*
+ * A send's error that reached its rank after the send had completed. A send of
+ * TERN_EAGER_LIMIT bytes or less completes as the transport takes it, so when
+ * the receive that matches it has a smaller buffer, the receiver's
+ * TERN_ERR_TRUNCATED is the first error, and the sender hears of it later, in
+ * a message from the receiver. (A larger send waits for its receiver and fails
+ * its own request with TERN_ERR_TRUNCATED instead.) Each such report is logged
+ * at warn level as it arrives and kept until tern_p2p_error takes it: the
+ * oldest TERN_P2P_ERRORS_KEPT of them; reports past those are counted, not
+ * kept.
+ */
+#define TERN_P2P_ERRORS_KEPT 64
+
+typedef struct tern_p2p_error {
+    tern_status_t status; /* TERN_ERR_TRUNCATED */
+    int peer;             /* the rank whose receive was too small */
+    int tag;              /* the send's tag */
+    size_t len;           /* bytes sent */
+    size_t cap;           /* bytes the receive buffer had */
+    uint64_t dropped;     /* reports not kept so far on this context (the queue was full) */
+} tern_p2p_error_t;
+
+/*
+ * Take the oldest kept report into *err: TERN_OK, or TERN_ERR_NOT_FOUND when
+ * none is kept. Progresses the transport once first (unless another thread
+ * is), so a loop that polls for a report sees it arrive.
+ */
+TERN_API tern_status_t tern_p2p_error(tern_ctx_t *ctx, tern_p2p_error_t *err);
 
 /* The transport the context runs on: provider name and device, for reports. */
 TERN_API tern_status_t tern_ctx_transport(const tern_ctx_t *ctx, char *provider, size_t plen,

@@ -222,8 +222,20 @@ static void test_tag_range(void)
     }
 }
 
-/* A message longer than the receive buffer: an error at the receiver, and for
- * a rendezvous message at the sender too. */
+/* Take the next report of a truncated eager send (tern_p2p_error), waiting
+ * up to 10 s for one to arrive. */
+static tern_status_t next_report(tern_p2p_error_t *e)
+{
+    uint64_t end = tern_clock_ns() + 10000000000ull;
+    tern_status_t st;
+    while ((st = tern_p2p_error(ctx, e)) == TERN_ERR_NOT_FOUND && tern_clock_ns() < end)
+        usleep(1000);
+    return st;
+}
+
+/* A message longer than the receive buffer: an error at the receiver, and at
+ * the sender too: a rendezvous send's request fails, an eager send (done
+ * before the receive) is reported by tern_p2p_error. */
 static void test_truncation(void)
 {
     if (rank == 1) {
@@ -236,6 +248,16 @@ static void test_truncation(void)
         tern_status_t st = tern_request_wait(r, -1, NULL);
         CHECK(st == TERN_ERR_TRUNCATED, "rendezvous sender got %s", tern_status_name(st));
         free(big);
+        tern_p2p_error_t e;
+        st = next_report(&e);
+        CHECK(st == TERN_OK && e.status == TERN_ERR_TRUNCATED && e.peer == 0 && e.tag == 9 &&
+                  e.len == 100 && e.cap == 50 && e.dropped == 0,
+              "eager sender's report: %s, %s from %d, tag %d, %zu into %zu, %" PRIu64 " dropped",
+              tern_status_name(st), tern_status_name(e.status), e.peer, e.tag, e.len, e.cap,
+              e.dropped);
+        st = tern_p2p_error(ctx, &e);
+        CHECK(st == TERN_ERR_NOT_FOUND, "a second report (tag %d): %s", e.tag,
+              tern_status_name(st));
     } else if (rank == 0) {
         uint8_t buf[50], *mid = malloc(eager);
         tern_msg_info_t info;
@@ -246,6 +268,45 @@ static void test_truncation(void)
         CHECK(st == TERN_ERR_TRUNCATED, "rendezvous receiver got %s", tern_status_name(st));
         CHECK(info.len == eager * 4 && same(mid, eager, 1, 10), "truncated rendezvous info/content");
         free(mid);
+    }
+}
+
+/* More truncated eager sends than a rank keeps reports of: the oldest
+ * TERN_P2P_ERRORS_KEPT are kept, in order, and the rest counted. Rank 0's
+ * message after its receives comes behind all of its NACKs on the pair, so
+ * rank 1 takes reports only once every one has come. */
+static void test_truncation_reports(void)
+{
+    enum { EXTRA = 6, N = TERN_P2P_ERRORS_KEPT + EXTRA, TAG0 = 100, TAG_DONE = 99 };
+    if (rank == 1) {
+        uint8_t msg[16];
+        tern_p2p_error_t e;
+        for (int i = 0; i < N; i++) {
+            fill(msg, sizeof(msg), 1, (unsigned)(TAG0 + i));
+            OK(tern_send(ctx, msg, sizeof(msg), 0, TAG0 + i));
+        }
+        OK(tern_recv(ctx, NULL, 0, 0, TAG_DONE, NULL));
+        for (int i = 0; i < TERN_P2P_ERRORS_KEPT; i++) {
+            tern_status_t st = next_report(&e);
+            CHECK(st == TERN_OK && e.status == TERN_ERR_TRUNCATED && e.peer == 0 &&
+                      e.tag == TAG0 + i && e.len == 16 && e.cap == 8 && e.dropped == EXTRA,
+                  "report %d: %s, %s from %d, tag %d, %zu into %zu, %" PRIu64 " dropped", i,
+                  tern_status_name(st), tern_status_name(e.status), e.peer, e.tag, e.len, e.cap,
+                  e.dropped);
+        }
+        tern_status_t st = tern_p2p_error(ctx, &e);
+        CHECK(st == TERN_ERR_NOT_FOUND, "a report past the kept ones (tag %d): %s", e.tag,
+              tern_status_name(st));
+    } else if (rank == 0) {
+        uint8_t buf[8];
+        tern_msg_info_t info;
+        for (int i = 0; i < N; i++) {
+            tern_status_t st = tern_recv(ctx, buf, sizeof(buf), 1, TAG0 + i, &info);
+            CHECK(st == TERN_ERR_TRUNCATED && info.len == 16 &&
+                      same(buf, sizeof(buf), 1, (unsigned)(TAG0 + i)),
+                  "receive %d: %s, %zu bytes", i, tern_status_name(st), info.len);
+        }
+        OK(tern_send(ctx, NULL, 0, 1, TAG_DONE));
     }
 }
 
@@ -676,6 +737,8 @@ int main(int argc, char **argv)
         test_tag_range();
         barrier("t3a");
         test_truncation();
+        barrier("t3b");
+        test_truncation_reports();
         barrier("t4");
         test_unexpected_bound();
         barrier("t5");
