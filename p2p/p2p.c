@@ -1121,8 +1121,10 @@ static void on_control(tern__comm_t *comm, const tern_event_t *ev, void *arg)
                               .cap = (size_t)tern__get_le64(p + 12)};
         tern_warn("rank %u truncated our %zu-byte message (tag %d) to its %zu-byte buffer%s",
                   ev->src, e.len, e.tag, e.cap,
-                  comm->nerrors < TERN_P2P_ERRORS_KEPT ? "" : " (not kept: tern_p2p_error has "
-                                                              "TERN_P2P_ERRORS_KEPT to take)");
+                  comm->nerrors < TERN_P2P_ERRORS_KEPT
+                      ? ""
+                      : " (not kept: TERN_P2P_ERRORS_KEPT reports already wait for "
+                        "tern_p2p_error)");
         if (comm->nerrors < TERN_P2P_ERRORS_KEPT)
             comm->errors[(comm->errors_head + comm->nerrors++) % TERN_P2P_ERRORS_KEPT] = e;
         else
