@@ -1119,13 +1119,13 @@ static void on_control(tern__comm_t *comm, const tern_event_t *ev, void *arg)
                               .tag = (int32_t)tern__get_le32(p),
                               .len = (size_t)tern__get_le64(p + 4),
                               .cap = (size_t)tern__get_le64(p + 12)};
+        bool keep = comm->nerrors < TERN_P2P_ERRORS_KEPT;
         tern_warn("rank %u truncated our %zu-byte message (tag %d) to its %zu-byte buffer%s",
                   ev->src, e.len, e.tag, e.cap,
-                  comm->nerrors < TERN_P2P_ERRORS_KEPT
-                      ? ""
-                      : " (not kept: TERN_P2P_ERRORS_KEPT reports already wait for "
-                        "tern_p2p_error)");
-        if (comm->nerrors < TERN_P2P_ERRORS_KEPT)
+                  keep ? ""
+                       : " (not kept: TERN_P2P_ERRORS_KEPT reports already wait for "
+                         "tern_p2p_error)");
+        if (keep)
             comm->errors[(comm->errors_head + comm->nerrors++) % TERN_P2P_ERRORS_KEPT] = e;
         else
             comm->errors_dropped++;

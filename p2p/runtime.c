@@ -426,6 +426,16 @@ tern_status_t tern_ctx_transport(const tern_ctx_t *ctx, char *provider, size_t p
     return TERN_OK;
 }
 
+/* One progress call, for callers that poll rather than wait; skipped while
+ * another thread holds the lock, as that one is progressing. */
+static void progress_once(tern__comm_t *comm)
+{
+    if (tern__comm_trylock(comm)) {
+        tern_transport_progress(comm->tp);
+        tern__comm_unlock(comm);
+    }
+}
+
 tern_status_t tern_p2p_error(tern_ctx_t *ctx, tern_p2p_error_t *err)
 {
     tern__comm_t *comm = ctx ? tern__ctx_comm(ctx) : NULL;
@@ -433,10 +443,7 @@ tern_status_t tern_p2p_error(tern_ctx_t *ctx, tern_p2p_error_t *err)
     if (comm == NULL || err == NULL)
         return tern__error(TERN_ERR_INVALID_PARAM, "tern_p2p_error: %s",
                            err == NULL ? "NULL argument" : "no context");
-    if (tern__comm_trylock(comm)) {
-        tern_transport_progress(comm->tp);
-        tern__comm_unlock(comm);
-    } /* else another thread is progressing */
+    progress_once(comm);
     tern__comm_lock(comm);
     if (comm->nerrors > 0) {
         *err = comm->errors[comm->errors_head];
@@ -503,10 +510,7 @@ tern_status_t tern_request_test(tern_request_t *req, int *done, tern_msg_info_t 
         return tern__error(TERN_ERR_INVALID_PARAM, "tern_request_test: NULL argument");
     comm = req->comm;
     if (!atomic_load_explicit(&req->done, memory_order_acquire)) {
-        if (tern__comm_trylock(comm)) {
-            tern_transport_progress(comm->tp);
-            tern__comm_unlock(comm);
-        } /* else another thread is progressing */
+        progress_once(comm);
         tern__comm_coll_poll(comm, req->kind == REQ_COLL);
         if (!atomic_load_explicit(&req->done, memory_order_acquire)) {
             *done = 0;
