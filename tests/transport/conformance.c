@@ -919,15 +919,6 @@ static void test_peer_closes_mid_transfer(void **state)
     size_t klen = sizeof(key);
     tern_mr_t *rmr;
     tern_rkey_t *rk;
-    const char *tls = getenv("UCX_TLS");
-    if (strcmp(provider, "ucx") == 0 && tls != NULL && strcmp(tls, "sm") == 0) {
-        /* Known bug, open: closing a ucx transport on shared memory while its
-         * peer's operations are stuck crashes inside ucp_worker_destroy
-         * (request purge) in about half the release-build runs. See
-         * docs/transport-ucx.md, "Known problems". */
-        print_message("skipped for ucx on sm: known crash in UCX worker teardown\n");
-        skip();
-    }
     uint8_t *rmem = malloc(len);
     region_make(p, &local, len, RW, 0);
     assert_int_equal(tern_mr_reg(p->b.tp, rmem, len, NULL, &rmr), TERN_OK);

@@ -125,6 +125,8 @@ _Static_assert(SHORT_HDR_LEN <= TERN_INLINE_PREFIX_MAX, "the header is the inlin
 #define BYE_WAIT_NS (250ull * 1000 * 1000)
 #define CLOSE_WAIT_NS (1000ull * 1000 * 1000)
 #define ORPHAN_WAIT_NS (250ull * 1000 * 1000)
+/* Progress calls in a row with nothing done: UCX's worker has no local work left. */
+#define CLOSE_IDLE_POLLS 1000u
 
 /* Look at the notice sockets at least this often, by the coarse clock: a
  * precise read on every progress call cost a quarter of a small message's
@@ -370,6 +372,7 @@ struct ucx_tp {
     bool notice_due;  /* look at the notice sockets on the next progress */
     bool peer_mode;   /* try UCP_ERR_HANDLING_MODE_PEER (cleared once it fails) */
     bool in_progress; /* ucx_progress is running (a callback must not re-enter it) */
+    bool keep_worker; /* UCX did not finish in time: its worker is left, not destroyed */
     size_t cma_min;   /* TERN_UCX_CMA: puts and gets this large to same-host peers by cma_copy */
     uint8_t *addr;
     size_t addr_len;
@@ -2718,7 +2721,7 @@ static void tp_fini(ucx_tp_t *tp)
             ucp_rkey_destroy(ep->zukeys[i]);
         ep->nzukeys = 0;
     }
-    if (tp->worker != NULL) {
+    if (tp->worker != NULL && !tp->keep_worker) {
         /* It reports the requests and endpoints tern gave up on: known already. */
         ucs_log_push_handler(quiet_log);
         ucp_worker_destroy(tp->worker);
@@ -2758,7 +2761,9 @@ static void tp_fini(ucx_tp_t *tp)
         tp->op_cache = op->cache_next;
         free(op);
     }
-    if (tp->ctx != NULL)
+    /* A worker kept (ucx_close) is never progressed again, so UCX touches
+     * nothing of ours that is freed here; it and its context are left. */
+    if (tp->ctx != NULL && !tp->keep_worker)
         ucp_cleanup(tp->ctx);
     free(tp->buckets);
     free(tp->addr);
@@ -2918,6 +2923,15 @@ out:
     return ret;
 }
 
+/* Every zombie's UCP close has finished (and is released). */
+static bool zombies_closed(ucx_tp_t *tp)
+{
+    for (link_t *l = tp->zombie_eps.next; l != &tp->zombie_eps; l = l->next)
+        if (!ep_closed(link_entry(l, ucx_ep_t, link)))
+            return false;
+    return true;
+}
+
 static void ucx_close(tern_transport_t *btp)
 {
     ucx_tp_t *tp = to_ucx_tp(btp);
@@ -2951,6 +2965,24 @@ static void ucx_close(tern_transport_t *btp)
     deadline = tern_clock_ns() + ORPHAN_WAIT_NS;
     while (!link_empty(&tp->orphan_entries) && tern_clock_ns() < deadline)
         ucp_worker_progress(tp->worker);
+    /* Endpoint closes that eps_shutdown left running (flush closes without
+     * peer error handling, as on shared memory). UCX 1.13 aborts in
+     * ucp_worker_destroy while such a close still has work queued on a cma
+     * lane (the lane's queue must be empty). That work is ours to progress,
+     * and usually done within a call; a close that waits only on its peer
+     * leaves the worker idle, and is safe to destroy. */
+    deadline = tern_clock_ns() + CLOSE_WAIT_NS;
+    for (unsigned idle = 0; idle < CLOSE_IDLE_POLLS && !zombies_closed(tp);) {
+        if (tern_clock_ns() >= deadline) {
+            tp->keep_worker = true;
+            tern_warn("ucx: UCX was still busy closing this transport's endpoints after %llu ms: "
+                      "its UCX worker is left in place, not destroyed, since destroying it "
+                      "now would abort inside UCX",
+                      (unsigned long long)(CLOSE_WAIT_NS / 1000000));
+            break;
+        }
+        idle = ucp_worker_progress(tp->worker) != 0 ? 0 : idle + 1;
+    }
     tp_fini(tp);
 }
 
