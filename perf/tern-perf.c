@@ -754,6 +754,10 @@ int main(int argc, char **argv)
     }
     if (rank == 0) {
         if (fmt == FMT_CSV) {
+            /* The header is fixed for scripts, so the provider's device, which
+             * no column holds, goes to stderr (as the steal warning does). */
+            fprintf(stderr, "# tern-perf %s: transport %s on %s, mem %s, %u ranks\n", test, prov,
+                    dev, mem, world);
             printf("%s\n", TERN_BENCH_CSV_HEADER);
         } else if (fmt == FMT_JSON) {
             printf("{\"test\":\"%s\",\"transport\":\"%s\",\"device\":\"%s\",\"mem\":\"%s\","

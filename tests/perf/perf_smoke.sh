@@ -44,6 +44,11 @@ steal='("host_steal_pct":([0-9]+\.[0-9]|null))'
 [[ $json =~ ^\{\"test\":\"lat\",\"transport\":\".*\"results\":\[\{\"size\":8,\"iters\":5,\"lat_us_p50\":[^}]*,$steal\},\{\"size\":16,[^}]*,$steal\}\],$steal\}$ ]] ||
     fail "json: $json"
 table=$("$RUN" -n 2 --no-prefix "$PERF" bw --sizes 64k --iters 3 --window 2)
+# CSV keeps stdout to the fixed header and rows; the provider and its device
+# go to stderr, once (rank 0), never into the CSV.
+errs=$("$RUN" -n 2 --no-prefix "$PERF" lat --transport tcp --sizes 8 --iters 3 --format csv 2>&1 >/dev/null)
+[ "$(grep -c '^# tern-perf lat: transport tcp on .*, mem host, 2 ranks$' <<<"$errs")" = 1 ] ||
+    fail "csv: provider and device line on stderr: $errs"
 grep -q "^# tern-perf bw: transport tcp on " <<<"$table" || fail "table header: $table"
 
 # Bad input is refused clearly.
