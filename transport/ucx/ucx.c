@@ -372,7 +372,6 @@ struct ucx_tp {
     bool notice_due;  /* look at the notice sockets on the next progress */
     bool peer_mode;   /* try UCP_ERR_HANDLING_MODE_PEER (cleared once it fails) */
     bool in_progress; /* ucx_progress is running (a callback must not re-enter it) */
-    bool keep_worker; /* UCX did not finish in time: its worker is left, not destroyed */
     size_t cma_min;   /* TERN_UCX_CMA: puts and gets this large to same-host peers by cma_copy */
     uint8_t *addr;
     size_t addr_len;
@@ -1809,18 +1808,25 @@ static void zombie_free(ucx_ep_t *ep)
     free(ep);
 }
 
-/* Deliver what the UCX callbacks recorded: lost peers, finished operations,
- * arrived messages. Returns how much it handled. */
-static int drain(ucx_tp_t *tp)
+/* Free the zombies whose UCP close has finished; whether none is left. */
+static bool zombies_reap(ucx_tp_t *tp)
 {
-    int n = 0;
-
     for (link_t *l = tp->zombie_eps.next; l != &tp->zombie_eps;) {
         ucx_ep_t *ep = link_entry(l, ucx_ep_t, link);
         l = l->next;
         if (ep_closed(ep))
             zombie_free(ep);
     }
+    return link_empty(&tp->zombie_eps);
+}
+
+/* Deliver what the UCX callbacks recorded: lost peers, finished operations,
+ * arrived messages. Returns how much it handled. */
+static int drain(ucx_tp_t *tp)
+{
+    int n = 0;
+
+    zombies_reap(tp);
     while (!link_empty(&tp->lost)) {
         ep_handle_lost(tp, link_entry(tp->lost.next, ucx_ep_t, lost_link));
         n++;
@@ -2702,8 +2708,11 @@ static void describe_device(ucx_tp_t *tp, const ucp_config_t *config)
     free(info);
 }
 
-/* Free a transport built up to any point (fields zeroed where not built). */
-static void tp_fini(ucx_tp_t *tp)
+/* Free a transport built up to any point (fields zeroed where not built).
+ * With keep_worker (UCX still busy: ucx_close) the worker and its context
+ * are left, never progressed again, so UCX touches nothing of ours freed
+ * here. */
+static void tp_fini(ucx_tp_t *tp, bool keep_worker)
 {
     /* A request not released when the worker goes is a UCX assertion. */
     for (link_t *l = tp->orphan_entries.next; l != &tp->orphan_entries; l = l->next) {
@@ -2721,7 +2730,7 @@ static void tp_fini(ucx_tp_t *tp)
             ucp_rkey_destroy(ep->zukeys[i]);
         ep->nzukeys = 0;
     }
-    if (tp->worker != NULL && !tp->keep_worker) {
+    if (tp->worker != NULL && !keep_worker) {
         /* It reports the requests and endpoints tern gave up on: known already. */
         ucs_log_push_handler(quiet_log);
         ucp_worker_destroy(tp->worker);
@@ -2761,9 +2770,7 @@ static void tp_fini(ucx_tp_t *tp)
         tp->op_cache = op->cache_next;
         free(op);
     }
-    /* A worker kept (ucx_close) is never progressed again, so UCX touches
-     * nothing of ours that is freed here; it and its context are left. */
-    if (tp->ctx != NULL && !tp->keep_worker)
+    if (tp->ctx != NULL && !keep_worker)
         ucp_cleanup(tp->ctx);
     free(tp->buckets);
     free(tp->addr);
@@ -2919,17 +2926,8 @@ out:
     if (config != NULL)
         ucp_config_release(config);
     if (tp != NULL)
-        tp_fini(tp);
+        tp_fini(tp, false);
     return ret;
-}
-
-/* Every zombie's UCP close has finished (and is released). */
-static bool zombies_closed(ucx_tp_t *tp)
-{
-    for (link_t *l = tp->zombie_eps.next; l != &tp->zombie_eps; l = l->next)
-        if (!ep_closed(link_entry(l, ucx_ep_t, link)))
-            return false;
-    return true;
 }
 
 static void ucx_close(tern_transport_t *btp)
@@ -2971,10 +2969,11 @@ static void ucx_close(tern_transport_t *btp)
      * lane (the lane's queue must be empty). That work is ours to progress,
      * and usually done within a call; a close that waits only on its peer
      * leaves the worker idle, and is safe to destroy. */
+    bool keep_worker = false;
     deadline = tern_clock_ns() + CLOSE_WAIT_NS;
-    for (unsigned idle = 0; idle < CLOSE_IDLE_POLLS && !zombies_closed(tp);) {
+    for (unsigned idle = 0; idle < CLOSE_IDLE_POLLS && !zombies_reap(tp);) {
         if (tern_clock_ns() >= deadline) {
-            tp->keep_worker = true;
+            keep_worker = true;
             tern_warn("ucx: UCX was still busy closing this transport's endpoints after %llu ms: "
                       "its UCX worker is left in place, not destroyed, since destroying it "
                       "now would abort inside UCX",
@@ -2983,7 +2982,7 @@ static void ucx_close(tern_transport_t *btp)
         }
         idle = ucp_worker_progress(tp->worker) != 0 ? 0 : idle + 1;
     }
-    tp_fini(tp);
+    tp_fini(tp, keep_worker);
 }
 
 const tern__tp_ops_t tern__ucx_ops = {
