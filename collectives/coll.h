@@ -27,6 +27,7 @@
 #include <tern/coll.h>
 
 #include "p2p/comm.h"
+#include "tensor/reduce.h"
 
 typedef enum step_kind {
     STEP_SEND = 1,
@@ -80,7 +81,6 @@ typedef struct tern__coll {
     bool oom;
     atomic_flag busy;    /* one thread advances it at a time */
     tern_status_t failing; /* set once it failed: withdraw what is posted, then finish */
-    char detail[256];
     /* When a step last finished, as the first idle look at the clock after it
      * saw it (0: not looked yet): reading the clock as steps finish cost a
      * tenth of a small all_reduce, and the timeout is milliseconds. */
@@ -88,13 +88,18 @@ typedef struct tern__coll {
     bool moved;          /* steps finished since the last look */
     int64_t timeout_ns;
     atomic_int reported;      /* a peer's ABORT for this call arrived: its status (detail under the lock) */
-    char reported_detail[200];
     /* A peer withdrew its end of one of our messages (its call failed):
      * its world rank + 1 (0: none) and when we saw it. The call waits for
      * the ABORT that says why (engine.c, reap). */
     int withdrew;
     uint64_t withdrew_at;
     struct tern__coll *next; /* in the group state's list of collectives in flight */
+    size_t es;           /* bytes of one element of dtype */
+    tern__reduce_fn kernel; /* op on dtype, for steps too small for the pool */
+    /* Last, so that a new call clears only what comes before them: zeroing
+     * the whole was a twentieth of a small all_reduce. Empty until set. */
+    char detail[256];         /* why it failed */
+    char reported_detail[200]; /* a peer's ABORT: why (under the lock) */
 } tern__coll_t;
 
 /* A peer's report that call seq on group cid failed, for a call this rank

@@ -47,7 +47,7 @@ tern__coll_t *tern__coll_new(tern_group_t *g, const char *op_name, tern_dtype_t 
         step_t *steps = c->steps;
         size_t cap = c->cap, kept_cap = c->scratch_cap;
         void *kept = c->scratch;
-        memset(c, 0, sizeof(*c));
+        memset(c, 0, offsetof(tern__coll_t, detail));
         c->steps = steps;
         c->cap = cap;
         c->kept = kept;
@@ -65,6 +65,9 @@ tern__coll_t *tern__coll_new(tern_group_t *g, const char *op_name, tern_dtype_t 
     c->seq = g->seq++;
     c->dtype = dtype;
     c->op = op;
+    c->es = tern_dtype_size(dtype);
+    c->kernel = tern__reduce_kernel(op, dtype);
+    c->detail[0] = c->reported_detail[0] = '\0';
     c->timeout_ns = tern__ctx_timeout(g->ctx);
     atomic_flag_clear(&c->busy);
     return c;
@@ -132,57 +135,102 @@ void *tern__coll_scratch(tern__coll_t *c, size_t bytes)
     return c->scratch;
 }
 
-static int add_step(tern__coll_t *c, const step_t *s)
+/* A new step of kind with deps, its other fields zero (NULL once out of
+ * memory); *index: its index. Filled in place: building a step on the stack
+ * and copying it in cost more than the rest of appending it. */
+static step_t *add_step(tern__coll_t *c, uint8_t kind, int dep0, int dep1, int *index)
 {
+    *index = -1;
     if (c->oom)
-        return -1;
+        return NULL;
     if (c->nsteps == c->cap) {
         size_t cap = c->cap ? c->cap * 2 : 16;
         step_t *n = realloc(c->steps, cap * sizeof(*n));
         if (n == NULL) {
             c->oom = true;
-            return -1;
+            return NULL;
         }
         c->steps = n;
         c->cap = cap;
     }
-    c->steps[c->nsteps] = *s;
-    return (int)c->nsteps++;
+    step_t *s = &c->steps[c->nsteps];
+    *index = (int)c->nsteps++;
+    s->kind = kind;
+    s->state = STEP_IDLE;
+    s->peer = 0;
+    s->tag = 0;
+    s->dst = NULL;
+    s->a = s->b = NULL;
+    s->n = 0;
+    s->dep[0] = dep0;
+    s->dep[1] = dep1;
+    s->req = NULL;
+    return s;
 }
 
 int tern__coll_send(tern__coll_t *c, int peer, uint32_t tag, const void *buf, size_t bytes,
                     int dep0, int dep1)
 {
-    step_t s = {.kind = STEP_SEND, .peer = peer, .tag = tag, .a = buf, .n = bytes,
-                .dep = {dep0, dep1}};
-    return add_step(c, &s);
+    int i;
+    step_t *s = add_step(c, STEP_SEND, dep0, dep1, &i);
+    if (s != NULL) {
+        s->peer = peer;
+        s->tag = tag;
+        s->a = buf;
+        s->n = bytes;
+    }
+    return i;
 }
 
 int tern__coll_recv(tern__coll_t *c, int peer, uint32_t tag, void *buf, size_t bytes, int dep0,
                     int dep1)
 {
-    step_t s = {.kind = STEP_RECV, .peer = peer, .tag = tag, .dst = buf, .n = bytes,
-                .dep = {dep0, dep1}};
-    return add_step(c, &s);
+    int i;
+    step_t *s = add_step(c, STEP_RECV, dep0, dep1, &i);
+    if (s != NULL) {
+        s->peer = peer;
+        s->tag = tag;
+        s->dst = buf;
+        s->n = bytes;
+    }
+    return i;
 }
 
 int tern__coll_reduce(tern__coll_t *c, void *dst, const void *a, const void *b, size_t count,
                       int dep0, int dep1)
 {
-    step_t s = {.kind = STEP_REDUCE, .dst = dst, .a = a, .b = b, .n = count, .dep = {dep0, dep1}};
-    return add_step(c, &s);
+    int i;
+    step_t *s = add_step(c, STEP_REDUCE, dep0, dep1, &i);
+    if (s != NULL) {
+        s->dst = dst;
+        s->a = a;
+        s->b = b;
+        s->n = count;
+    }
+    return i;
 }
 
 int tern__coll_copy(tern__coll_t *c, void *dst, const void *src, size_t bytes, int dep0, int dep1)
 {
-    step_t s = {.kind = STEP_COPY, .dst = dst, .a = src, .n = bytes, .dep = {dep0, dep1}};
-    return add_step(c, &s);
+    int i;
+    step_t *s = add_step(c, STEP_COPY, dep0, dep1, &i);
+    if (s != NULL) {
+        s->dst = dst;
+        s->a = src;
+        s->n = bytes;
+    }
+    return i;
 }
 
 int tern__coll_scale(tern__coll_t *c, void *buf, size_t count, int dep0, int dep1)
 {
-    step_t s = {.kind = STEP_SCALE, .dst = buf, .n = count, .dep = {dep0, dep1}};
-    return add_step(c, &s);
+    int i;
+    step_t *s = add_step(c, STEP_SCALE, dep0, dep1, &i);
+    if (s != NULL) {
+        s->dst = buf;
+        s->n = count;
+    }
+    return i;
 }
 
 /* ---- running ---- */
@@ -458,8 +506,15 @@ static void launch(tern__coll_t *c, step_t *s, hold_t *h)
             reap(c, s, h);
         return;
     case STEP_REDUCE:
-        hold_drop_for(h, s->n * tern_dtype_size(c->dtype));
-        st = tern__reduce_par(tern_ctx_pool(c->g->ctx), c->op, c->dtype, s->dst, s->a, s->b, s->n);
+        hold_drop_for(h, s->n * c->es);
+        /* The call's buffers were checked as it was made and the steps cut
+         * them on element boundaries: below the pool's threshold, the kernel
+         * alone (tern__reduce_par's checks cost more than a few elements). */
+        if (c->kernel != NULL && s->n * c->es < TERN__REDUCE_PAR_MIN_BYTES)
+            c->kernel(s->dst, s->a, s->b, s->n);
+        else
+            st = tern__reduce_par(tern_ctx_pool(c->g->ctx), c->op, c->dtype, s->dst, s->a, s->b,
+                                  s->n);
         break;
     case STEP_COPY:
         hold_drop_for(h, s->n);
@@ -467,7 +522,7 @@ static void launch(tern__coll_t *c, step_t *s, hold_t *h)
             memcpy(s->dst, s->a, s->n);
         break;
     case STEP_SCALE:
-        hold_drop_for(h, s->n * tern_dtype_size(c->dtype));
+        hold_drop_for(h, s->n * c->es);
         st = tern__reduce_scale(c->dtype, s->dst, s->n, (uint64_t)c->g->size);
         break;
     }
@@ -699,7 +754,8 @@ tern_status_t tern__coll_start(tern__coll_t *c, tern_request_t **req)
     }
     /* Profiled from here to the request's completion (outside the lock: a
      * profiler op may measure clocks). */
-    tern__prof_op_begin(&c->req.prof, comm, -1, TERN_PROF_KIND_COLL, "%s", c->op_name);
+    if (tern__prof_recording()) /* else c->req.prof stays as tern__coll_new cleared it */
+        tern__prof_op_begin(&c->req.prof, comm, -1, TERN_PROF_KIND_COLL, "%s", c->op_name);
     atomic_flag_test_and_set(&c->busy);
     hold_t h = {.comm = comm};
     hold_take(&h);

@@ -212,7 +212,7 @@ static inline double min_f64(double x, double y)
 
 /* ---- the loops ---- */
 
-typedef void (*kernel_fn)(void *dst, const void *a, const void *b, size_t n);
+typedef tern__reduce_fn kernel_fn;
 typedef void (*scale_fn)(void *buf, size_t n, uint64_t divisor);
 
 /*
@@ -570,6 +570,13 @@ static kernel_fn kernel_for(tern_reduce_op_t op, tern_dtype_t dtype)
         return avx2_kernels[dtype][op];
 #endif
     return portable_kernels[dtype][op];
+}
+
+tern__reduce_fn tern__reduce_kernel(tern_reduce_op_t op, tern_dtype_t dtype)
+{
+    /* tern__reduce_check's conditions, without recording an error */
+    bool ok = op_known(op) && tern_dtype_size(dtype) != 0 && (op != TERN_AVG || dtype_floating(dtype));
+    return ok ? kernel_for(op, dtype) : NULL;
 }
 
 /* NULL for a dtype that has no division (the integers, bool). */

@@ -80,6 +80,19 @@ tern_status_t tern__reduce_check(tern_reduce_op_t op, tern_dtype_t dtype);
 tern_status_t tern__reduce(tern_reduce_op_t op, tern_dtype_t dtype, void *dst, const void *a,
                            const void *b, size_t count);
 
+/* dst[i] = a[i] op b[i] for i < n, unchecked: what tern__reduce() runs. */
+typedef void (*tern__reduce_fn)(void *dst, const void *a, const void *b, size_t n);
+
+/*
+ * The kernel tern__reduce() would run for op on dtype now (the portable one
+ * while tern__reduce_force_portable() is on), or NULL where
+ * tern__reduce_check() rejects the pair. For a caller that has checked its
+ * buffers once and reduces many small pieces of them (the collectives'
+ * steps): the per-call checks cost more than the reduction of a few
+ * elements. Same bits as tern__reduce().
+ */
+tern__reduce_fn tern__reduce_kernel(tern_reduce_op_t op, tern_dtype_t dtype);
+
 /*
  * buf[i] = buf[i] / divisor for the floating types (f16 and bf16 in f32): the
  * AVG step after the SUM. The divisor is converted to the computing type first

@@ -21,6 +21,7 @@
 #include <tern/pool.h>
 #include <tern/tensor.h>
 
+#include "core/error.h"
 #include "tensor/reduce.h"
 #include "tensor_test_util.h"
 
@@ -448,6 +449,10 @@ static void bufs_free(bufs_t *bf)
     free(bf->want);
 }
 
+/* check_case reduces through tern__reduce_kernel's function rather than
+ * tern__reduce (test_kernel_accessor). */
+static bool via_kernel;
+
 static void check_case(tern_reduce_op_t op, tern_dtype_t dt, size_t count, enum alias alias,
                        uint32_t *rng)
 {
@@ -461,7 +466,13 @@ static void check_case(tern_reduce_op_t op, tern_dtype_t dt, size_t count, enum 
     for (size_t i = 0; i < count; i++)
         ref_elem(op, dt, bf.a, bf.b, i, (char *)bf.want + i * size);
     dst = alias == DST_IS_A ? bf.a : alias == DST_IS_B ? bf.b : bf.dst;
-    assert_int_equal(tern__reduce(op, dt, dst, bf.a, bf.b, count), TERN_OK);
+    if (via_kernel) {
+        tern__reduce_fn fn = tern__reduce_kernel(op, dt);
+        assert_non_null(fn);
+        fn(dst, bf.a, bf.b, count);
+    } else {
+        assert_int_equal(tern__reduce(op, dt, dst, bf.a, bf.b, count), TERN_OK);
+    }
     for (size_t i = 0; i < count; i++) {
         const void *want = (char *)bf.want + i * size;
         memcpy(got, (char *)dst + i * size, size);
@@ -504,6 +515,33 @@ static void test_all_portable(void **state)
     assert_string_equal(tern__reduce_isa(), "portable");
     check_all(2);
     tern__reduce_force_portable(false);
+}
+
+/* The unchecked kernel the collectives' small steps call: the same bits as
+ * tern__reduce on both paths, and none for a pair tern__reduce_check
+ * refuses (without touching the last error). */
+static void test_kernel_accessor(void **state)
+{
+    (void)state;
+    for (size_t d = 0; d < ARRAY_LEN(all_dtypes); d++)
+        for (int op = 0; op < TERN_REDUCE_OP_COUNT; op++) {
+            bool ok = tern__reduce_check((tern_reduce_op_t)op, all_dtypes[d]) == TERN_OK;
+            tern__error(TERN_ERR_TIMEOUT, "marker");
+            tern__reduce_fn fn = tern__reduce_kernel((tern_reduce_op_t)op, all_dtypes[d]);
+            assert_int_equal(fn != NULL, ok);
+            assert_string_equal(tern_last_error(), "marker");
+        }
+    assert_null(tern__reduce_kernel((tern_reduce_op_t)TERN_REDUCE_OP_COUNT, TERN_DTYPE_F32));
+    assert_null(tern__reduce_kernel((tern_reduce_op_t)-1, TERN_DTYPE_F32));
+    assert_null(tern__reduce_kernel(TERN_SUM, (tern_dtype_t)TERN_DTYPE_COUNT));
+    assert_null(tern__reduce_kernel(TERN_AVG, TERN_DTYPE_I64));
+    via_kernel = true;
+    tern__reduce_force_portable(false);
+    check_all(3);
+    tern__reduce_force_portable(true);
+    check_all(4);
+    tern__reduce_force_portable(false);
+    via_kernel = false;
 }
 
 /* ---- f16 and bf16: every value against a set of partners, both paths ---- */
@@ -1081,6 +1119,7 @@ int main(void)
         cmocka_unit_test(test_check_and_errors),
         cmocka_unit_test(test_all_accelerated),
         cmocka_unit_test(test_all_portable),
+        cmocka_unit_test(test_kernel_accessor),
         cmocka_unit_test(test_half_exhaustive),
         cmocka_unit_test(test_integer_wraparound),
         cmocka_unit_test(test_nan_and_zero_rule),
