@@ -31,7 +31,7 @@
 
 static size_t es_of(const tern__coll_t *c)
 {
-    return tern_dtype_size(c->dtype);
+    return c->es;
 }
 
 static int mod(int a, int n)

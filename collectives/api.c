@@ -83,7 +83,9 @@ static tern_status_t check_op(const call_t *k, tern_reduce_op_t op, tern_dtype_t
 /* count * es * mult in bytes, failing rather than wrapping. */
 static tern_status_t bytes_of(const call_t *k, size_t count, size_t mult, size_t *out)
 {
-    if (count != 0 && (mult == 0 || count > SIZE_MAX / k->es / mult))
+    size_t n;
+    if (count != 0 && (mult == 0 || __builtin_mul_overflow(count, k->es, &n) ||
+                       __builtin_mul_overflow(n, mult, &n)))
         return tern__error(TERN_ERR_OUT_OF_RANGE, "%s: %zu elements are too many", k->name, count);
     *out = count * k->es * mult;
     return TERN_OK;
@@ -99,7 +101,7 @@ static tern_status_t check_buf(const call_t *k, const void *p, size_t bytes, con
 /* The reduction kernels read whole elements: C's alignment for the dtype. */
 static tern_status_t check_align(const call_t *k, const void *p, const char *what)
 {
-    if ((uintptr_t)p % k->es != 0)
+    if (((uintptr_t)p & (k->es - 1)) != 0) /* element sizes are powers of two */
         return tern__error(TERN_ERR_INVALID_PARAM, "%s: %s is not aligned to its %zu-byte elements",
                            k->name, what, k->es);
     return TERN_OK;

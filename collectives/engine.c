@@ -483,10 +483,20 @@ static void launch(tern__coll_t *c, step_t *s, hold_t *h)
                                 s->kind == STEP_SEND ? "send" : "recv");
         }
         hold_take(h);
-        if (s->kind == STEP_SEND)
+        /* An eager send is over as it is posted: no request to make and
+         * reap, unless profiled (its event rides on the request). */
+        bool sent = false;
+        if (s->kind == STEP_SEND && op.name == NULL)
+            st = tern__p2p_send_eager_locked(comm, c->g->cid, s->a, s->n, w, (int)wire_tag(c, s),
+                                             c->shape, &sent);
+        if (st == TERN_OK && sent) {
+            s->state = STEP_DONE;
+            return;
+        }
+        if (st == TERN_OK && s->kind == STEP_SEND)
             st = tern__p2p_isend_locked(comm, c->g->cid, s->a, s->n, w, (int)wire_tag(c, s),
                                         TERN__P2P_RTR, c->shape, &s->req);
-        else
+        else if (st == TERN_OK)
             st = tern__p2p_irecv_locked(comm, c->g->cid, s->dst, s->n, w, (int)wire_tag(c, s),
                                         TERN__P2P_RTR, c->shape, &s->req);
         if (st != TERN_OK) {

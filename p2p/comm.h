@@ -362,6 +362,13 @@ tern_status_t tern__p2p_isend_locked(tern__comm_t *comm, uint32_t cid, const voi
 tern_status_t tern__p2p_irecv_locked(tern__comm_t *comm, uint32_t cid, void *buf, size_t cap,
                                      int src, int tag, unsigned flags, uint32_t shape,
                                      tern_request_t **req);
+/* The send of tern__p2p_isend_locked where it would complete as it is
+ * posted, with no request: a message under the eager limit that the peer's
+ * credit admits goes out and *sent is true. Otherwise nothing is sent and
+ * *sent is false (post the request). Errors as tern__p2p_isend_locked's. */
+tern_status_t tern__p2p_send_eager_locked(tern__comm_t *comm, uint32_t cid, const void *buf,
+                                          size_t len, int dst, int tag, uint32_t shape,
+                                          bool *sent);
 /* Sends that waited RTR_WAIT_NS for their receiver's offer go by the
  * sender's offer instead (lock held): a receiver expecting fewer bytes, or
  * one whose offer was refused, then hears of the send all the same. */

@@ -1359,6 +1359,21 @@ fail:
     return st;
 }
 
+tern_status_t tern__p2p_send_eager_locked(tern__comm_t *comm, uint32_t cid, const void *buf,
+                                          size_t len, int dst, int tag, uint32_t shape, bool *sent)
+{
+    uint64_t seq;
+    tern_status_t st;
+
+    *sent = false;
+    if ((st = check_send(comm, buf, len, dst, tag)) != TERN_OK ||
+        (st = pair_open(comm, dst)) != TERN_OK || !eager_fits(comm, cid, len, dst))
+        return st;
+    if ((st = send_eager(comm, cid, buf, len, dst, tag, shape, &seq)) == TERN_OK)
+        *sent = true;
+    return st;
+}
+
 static tern_status_t check_recv(tern__comm_t *comm, void *buf, size_t cap, int src, int tag)
 {
     if ((buf == NULL && cap > 0) || tag < TERN_ANY_TAG)
