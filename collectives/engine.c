@@ -135,102 +135,55 @@ void *tern__coll_scratch(tern__coll_t *c, size_t bytes)
     return c->scratch;
 }
 
-/* A new step of kind with deps, its other fields zero (NULL once out of
- * memory); *index: its index. Filled in place: building a step on the stack
- * and copying it in cost more than the rest of appending it. */
-static step_t *add_step(tern__coll_t *c, uint8_t kind, int dep0, int dep1, int *index)
+/* Append a step, filled in place (building one on the stack and copying it
+ * in cost more than the rest of appending it); its index, or -1 once out of
+ * memory. */
+static int add_step(tern__coll_t *c, uint8_t kind, int peer, uint32_t tag, void *dst,
+                    const void *a, const void *b, size_t n, int dep0, int dep1)
 {
-    *index = -1;
     if (c->oom)
-        return NULL;
+        return -1;
     if (c->nsteps == c->cap) {
         size_t cap = c->cap ? c->cap * 2 : 16;
-        step_t *n = realloc(c->steps, cap * sizeof(*n));
-        if (n == NULL) {
+        step_t *grown = realloc(c->steps, cap * sizeof(*grown));
+        if (grown == NULL) {
             c->oom = true;
-            return NULL;
+            return -1;
         }
-        c->steps = n;
+        c->steps = grown;
         c->cap = cap;
     }
-    step_t *s = &c->steps[c->nsteps];
-    *index = (int)c->nsteps++;
-    s->kind = kind;
-    s->state = STEP_IDLE;
-    s->peer = 0;
-    s->tag = 0;
-    s->dst = NULL;
-    s->a = s->b = NULL;
-    s->n = 0;
-    s->dep[0] = dep0;
-    s->dep[1] = dep1;
-    s->req = NULL;
-    return s;
+    c->steps[c->nsteps] = (step_t){.kind = kind, .state = STEP_IDLE, .peer = peer, .tag = tag,
+                                   .dst = dst, .a = a, .b = b, .n = n, .dep = {dep0, dep1}};
+    return (int)c->nsteps++;
 }
 
 int tern__coll_send(tern__coll_t *c, int peer, uint32_t tag, const void *buf, size_t bytes,
                     int dep0, int dep1)
 {
-    int i;
-    step_t *s = add_step(c, STEP_SEND, dep0, dep1, &i);
-    if (s != NULL) {
-        s->peer = peer;
-        s->tag = tag;
-        s->a = buf;
-        s->n = bytes;
-    }
-    return i;
+    return add_step(c, STEP_SEND, peer, tag, NULL, buf, NULL, bytes, dep0, dep1);
 }
 
 int tern__coll_recv(tern__coll_t *c, int peer, uint32_t tag, void *buf, size_t bytes, int dep0,
                     int dep1)
 {
-    int i;
-    step_t *s = add_step(c, STEP_RECV, dep0, dep1, &i);
-    if (s != NULL) {
-        s->peer = peer;
-        s->tag = tag;
-        s->dst = buf;
-        s->n = bytes;
-    }
-    return i;
+    return add_step(c, STEP_RECV, peer, tag, buf, NULL, NULL, bytes, dep0, dep1);
 }
 
 int tern__coll_reduce(tern__coll_t *c, void *dst, const void *a, const void *b, size_t count,
                       int dep0, int dep1)
 {
-    int i;
-    step_t *s = add_step(c, STEP_REDUCE, dep0, dep1, &i);
-    if (s != NULL) {
-        s->dst = dst;
-        s->a = a;
-        s->b = b;
-        s->n = count;
-    }
-    return i;
+    return add_step(c, STEP_REDUCE, 0, 0, dst, a, b, count, dep0, dep1);
 }
 
 int tern__coll_copy(tern__coll_t *c, void *dst, const void *src, size_t bytes, int dep0, int dep1)
 {
-    int i;
-    step_t *s = add_step(c, STEP_COPY, dep0, dep1, &i);
-    if (s != NULL) {
-        s->dst = dst;
-        s->a = src;
-        s->n = bytes;
-    }
-    return i;
+    return add_step(c, STEP_COPY, 0, 0, dst, src, NULL, bytes, dep0, dep1);
 }
 
 int tern__coll_scale(tern__coll_t *c, void *buf, size_t count, int dep0, int dep1)
 {
-    int i;
-    step_t *s = add_step(c, STEP_SCALE, dep0, dep1, &i);
-    if (s != NULL) {
-        s->dst = buf;
-        s->n = count;
-    }
-    return i;
+    return add_step(c, STEP_SCALE, 0, 0, buf, NULL, NULL, count, dep0, dep1);
 }
 
 /* ---- running ---- */
