@@ -1359,19 +1359,29 @@ fail:
     return st;
 }
 
-tern_status_t tern__p2p_send_eager_locked(tern__comm_t *comm, uint32_t cid, const void *buf,
-                                          size_t len, int dst, int tag, uint32_t shape, bool *sent)
+/* A send that goes out eager at once, with no request (lock held): then
+ * *sent is true and *seq its number; otherwise nothing is sent. The blocking
+ * send and the collectives' send steps share it (TERN__HOT: the former is
+ * the small-message path). */
+TERN__HOT tern_status_t send_now(tern__comm_t *comm, uint32_t cid, const void *buf, size_t len,
+                                 int dst, int tag, uint32_t shape, uint64_t *seq, bool *sent)
 {
-    uint64_t seq;
     tern_status_t st;
 
     *sent = false;
     if ((st = check_send(comm, buf, len, dst, tag)) != TERN_OK ||
         (st = pair_open(comm, dst)) != TERN_OK || !eager_fits(comm, cid, len, dst))
         return st;
-    if ((st = send_eager(comm, cid, buf, len, dst, tag, shape, &seq)) == TERN_OK)
+    if ((st = send_eager(comm, cid, buf, len, dst, tag, shape, seq)) == TERN_OK)
         *sent = true;
     return st;
+}
+
+tern_status_t tern__p2p_send_eager_locked(tern__comm_t *comm, uint32_t cid, const void *buf,
+                                          size_t len, int dst, int tag, uint32_t shape, bool *sent)
+{
+    uint64_t seq;
+    return send_now(comm, cid, buf, len, dst, tag, shape, &seq, sent);
 }
 
 static tern_status_t check_recv(tern__comm_t *comm, void *buf, size_t cap, int src, int tag)
@@ -1904,20 +1914,12 @@ TERN__HOT tern_status_t p2p_send(tern__comm_t *comm, uint32_t cid, const void *b
                                  int dst, int tag, uint64_t *seq)
 {
     tern_request_t *req;
-    tern_status_t st = check_send(comm, buf, len, dst, tag);
-    if (st != TERN_OK)
-        return st;
+    bool sent;
     tern__comm_lock(comm);
-    if ((st = pair_open(comm, dst)) != TERN_OK) {
-        tern__comm_unlock(comm);
-        return st;
-    }
-    if (eager_fits(comm, cid, len, dst)) {
-        st = send_eager(comm, cid, buf, len, dst, tag, 0, seq);
-        tern__comm_unlock(comm);
-        return st;
-    }
+    tern_status_t st = send_now(comm, cid, buf, len, dst, tag, 0, seq, &sent);
     tern__comm_unlock(comm);
+    if (st != TERN_OK || sent)
+        return st;
     st = tern__p2p_isend(comm, cid, buf, len, dst, tag, &req);
     if (st != TERN_OK)
         return st;
