@@ -2994,30 +2994,29 @@ static void ucx_close(tern_transport_t *btp)
      * ucp_worker_destroy while such a close still has work queued on a cma
      * lane (the lane's queue must be empty). That work is ours to progress,
      * and usually done within a call. */
-    bool keep_worker = false;
+    bool busy = false;
     deadline = tern_clock_ns() + CLOSE_WAIT_NS;
     for (unsigned idle = 0; idle < CLOSE_IDLE_POLLS && !zombies_reap(tp);) {
-        if (tern_clock_ns() >= deadline) {
-            keep_worker = true;
-            tern_warn("ucx: UCX was still busy closing this transport's endpoints after %llu ms: "
-                      "its UCX worker is left in place, not destroyed, since destroying it "
-                      "now would abort inside UCX",
-                      (unsigned long long)(CLOSE_WAIT_NS / 1000000));
+        if ((busy = tern_clock_ns() >= deadline))
             break;
-        }
         idle = ucp_worker_progress(tp->worker) != 0 ? 0 : idle + 1;
     }
-    /* A close still waiting once the worker is idle waits on its peer: sends
-     * queued for a peer whose FIFO is full (one that is not progressing).
-     * Destroying the worker purges them, and UCX 1.13's purge crashes on
-     * some of them (ucp_request_memory_dereg -> ucp_mem_rereg_mds: 4 of 30
-     * runs of the sm peer-close conformance case). So the worker stays. */
-    if (!keep_worker && !link_empty(&tp->zombie_eps)) {
-        keep_worker = true;
+    /* Any close still running keeps the worker. One still waiting once the
+     * worker is idle waits on its peer: sends queued for a peer whose FIFO is
+     * full (one that is not progressing). Destroying the worker purges them,
+     * and UCX 1.13's purge crashes on some of them (ucp_request_memory_dereg
+     * -> ucp_mem_rereg_mds: 4 of 30 runs of the sm peer-close conformance
+     * case). */
+    const bool keep_worker = !link_empty(&tp->zombie_eps);
+    if (busy)
+        tern_warn("ucx: UCX was still busy closing this transport's endpoints after %llu ms: "
+                  "its UCX worker is left in place, not destroyed, since destroying it "
+                  "now would abort inside UCX",
+                  (unsigned long long)(CLOSE_WAIT_NS / 1000000));
+    else if (keep_worker)
         tern_info("ucx: closing with endpoint closes that wait on a peer that is not "
                   "progressing: the UCX worker is left in place, not destroyed, since "
                   "UCX may crash purging what it queued for that peer");
-    }
     tp_fini(tp, keep_worker);
 }
 
