@@ -123,6 +123,12 @@ typedef struct coll_state {
     /* A finished call kept for the next, its step array and scratch with it:
      * a small all_reduce spent a tenth of its time in malloc and free. */
     _Atomic(struct tern__coll *) spare;
+    /* Set by a progress pass that found a collective taken by another
+     * thread: the kick it ran on is spent, and what it announced may have
+     * landed after the owner's last look, so the owner kicks again when it
+     * lets go. Here and not in the collective, which may be freed as soon
+     * as its busy flag is clear. */
+    atomic_bool missed;
 } coll_state_t;
 
 /* Route ABORT messages (class COLL) to the engine. */

@@ -661,6 +661,18 @@ static bool advance(tern__coll_t *c, bool check_time, hold_t *h)
     return false;
 }
 
+/* Let go of c after advancing it (c not finished). The flag is cleared
+ * before missed is read, and a pass that finds c taken sets missed before
+ * trying c again: sequentially consistent, one of the two sees the other, so
+ * a completion is never left with no one to move its collective on. */
+static void let_go(tern__comm_t *comm, tern__coll_t *c)
+{
+    coll_state_t *cs = comm->coll_state;
+    atomic_flag_clear(&c->busy);
+    if (atomic_load(&cs->missed) && atomic_exchange(&cs->missed, false))
+        atomic_store(&comm->coll_kick, true);
+}
+
 static void progress_hook(tern__comm_t *comm, bool check_time, bool locked)
 {
     tern__coll_t *pick[PICK_MAX];
@@ -679,12 +691,17 @@ static void progress_hook(tern__comm_t *comm, bool check_time, bool locked)
         }
         /* Taken under the lock: a collective in the list is not finished, so
          * not freed, and once busy is ours it cannot finish under us. */
-        if (!atomic_flag_test_and_set(&c->busy))
+        if (!atomic_flag_test_and_set(&c->busy)) {
             pick[n++] = c;
+        } else {
+            atomic_store(&cs->missed, true);
+            if (!atomic_flag_test_and_set(&c->busy)) /* its owner let go meanwhile */
+                pick[n++] = c;
+        }
     }
     for (size_t i = 0; i < n; i++)
         if (!advance(pick[i], check_time, &h))
-            atomic_flag_clear(&pick[i]->busy);
+            let_go(comm, pick[i]);
     hold_drop(&h);
     if (more)
         atomic_store(&comm->coll_kick, true);
@@ -737,7 +754,7 @@ tern_status_t tern__coll_start(tern__coll_t *c, tern_request_t **req)
     /* The first posts go out in this hold of the lock, and a blocking call
      * waits from it. */
     if (!advance(c, false, &h))
-        atomic_flag_clear(&c->busy);
+        let_go(comm, c);
     if (req != NULL) {
         hold_drop(&h);
         tern__comm_kick(comm);
