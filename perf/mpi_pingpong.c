@@ -82,6 +82,9 @@ int main(int argc, char **argv)
             printf("bw,%zu,%.3f\n", size, (double)size * window * iters / secs / 1e9);
         }
     }
+    free(reqs);
+    free(s);
+    free(buf);
     MPI_Finalize();
     return 0;
 }

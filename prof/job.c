@@ -300,12 +300,17 @@ tern_status_t tern_prof_gather(tern_ctx_t *ctx, int root)
     uint8_t head[TERN__PROF_JOB_HEAD], *blob = tern__prof_job_encode(head, &len);
     int64_t size = (int64_t)len;
     /* Every rank takes part whatever went wrong on it, so none waits for
-     * another; root says whether the blobs may come (it has room for them)
-     * and, at the end, its outcome, which is what all return. A collective
-     * that fails (a lost rank) breaks the world group: that status wins. */
-    int32_t go = TERN_OK, out;
-    tern_status_t cst = tern_gather(world, &size, sizes, 1, TERN_DTYPE_I64, root, NULL);
-    if (cst == TERN_OK && me == root && st == TERN_OK) {
+     * another: root says first whether it could make its tables (without
+     * them it could not even take the sizes, and the others would wait out
+     * TERN_TIMEOUT), then whether the blobs may come (it has room for
+     * them), and at the end its outcome, which is what all return. A
+     * collective that fails (a lost rank) breaks the world group: that
+     * status wins. */
+    int32_t go = (int32_t)st, out;
+    tern_status_t cst = tern_broadcast(world, &go, 1, TERN_DTYPE_I32, root, NULL);
+    if (cst == TERN_OK && go == TERN_OK)
+        cst = tern_gather(world, &size, sizes, 1, TERN_DTYPE_I64, root, NULL);
+    if (cst == TERN_OK && go == TERN_OK && me == root) {
         size_t total = 0;
         for (int r = 0; r < n; r++) {
             lens[r] = (size_t)sizes[r];
@@ -316,9 +321,10 @@ tern_status_t tern_prof_gather(tern_ctx_t *ctx, int root)
             st = tern__error(TERN_ERR_NO_MEMORY, "tern_prof_gather: no memory for %zu bytes",
                              total);
     }
-    go = (int32_t)st;
-    if (cst == TERN_OK)
+    if (cst == TERN_OK && go == TERN_OK) {
+        go = (int32_t)st;
         cst = tern_broadcast(world, &go, 1, TERN_DTYPE_I32, root, NULL);
+    }
     if (cst == TERN_OK && go == TERN_OK)
         cst = tern_gatherv(world, blob, len, all, lens, displs, TERN_DTYPE_U8, root, NULL);
     if (cst == TERN_OK && me == root && st == TERN_OK)
