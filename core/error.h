@@ -6,6 +6,9 @@
 #ifndef TERN_CORE_ERROR_H
 #define TERN_CORE_ERROR_H
 
+#include <stdbool.h>
+#include <stdint.h>
+
 #include <tern/defs.h>
 #include <tern/status.h>
 
@@ -17,6 +20,10 @@ tern_status_t tern__error(tern_status_t status, const char *fmt, ...) TERN_PRINT
 /* As tern__error(), with ": <strerror(err)>" appended. */
 tern_status_t tern__error_errno(tern_status_t status, int err, const char *fmt, ...)
     TERN_PRINTF(3, 4);
+
+/* Whether v, read from the network, is one of the error codes (not TERN_OK,
+ * not TERN_INPROGRESS, not a number the map lacks). */
+bool tern__status_is_error(int32_t v);
 
 /* The status that best describes a system call's errno. */
 tern_status_t tern__status_from_errno(int err);

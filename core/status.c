@@ -31,6 +31,18 @@ const char *tern_status_name(tern_status_t status)
     return "TERN_UNKNOWN";
 }
 
+bool tern__status_is_error(int32_t v)
+{
+    switch (v) {
+#define TERN__STATUS_KNOWN(name, value, desc) \
+    case value:                               \
+        return value < 0;
+        TERN_STATUS_MAP(TERN__STATUS_KNOWN)
+#undef TERN__STATUS_KNOWN
+    }
+    return false;
+}
+
 static _Thread_local char last_error[TERN__ERROR_MAX];
 
 const char *tern_last_error(void)

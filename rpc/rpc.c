@@ -380,11 +380,29 @@ static void free_on_send(void *arg, tern_status_t status)
  * for graceful shutdown's balance. To this worker itself the message is
  * handled here and now.
  */
+static _Atomic(tern__rpc_send_hook_fn) send_hook;
+static void *send_hook_arg;
+
+void tern__rpc_set_send_hook(tern__rpc_send_hook_fn fn, void *arg)
+{
+    if (fn != NULL)
+        send_hook_arg = arg;
+    atomic_store_explicit(&send_hook, fn, memory_order_release);
+}
+
 static tern_status_t send_msg(rpc_t *rpc, int dst, uint8_t *buf, size_t len)
 {
     tern_imm_class_t cls = buf[0] == M_REPLY ? TERN_IMM_RPC_REPLY : TERN_IMM_RPC_REQUEST;
     uint32_t imm = tern_imm_make(cls, (buf[1] & F_PROF) != 0, buf[1] & F_PROF_CFG,
                                  (uint32_t)tern__get_le64(buf + 8));
+    tern__rpc_send_hook_fn hook = atomic_load_explicit(&send_hook, memory_order_acquire);
+    if (hook != NULL) {
+        uint8_t *out = hook(send_hook_arg, dst, buf, &len);
+        if (out != buf) {
+            free(buf);
+            buf = out;
+        }
+    }
     rpc->sent++;
     if (dst == rpc->rank) {
         handle_msg(rpc, dst, imm, buf, len);
@@ -966,6 +984,19 @@ static tern_status_t get_tensors(const uint8_t **pp, const uint8_t *end, size_t 
     return TERN_OK;
 }
 
+/* The blob ends the message, to its last byte: a message longer than its
+ * parts is as malformed as a shorter one. */
+static tern_status_t check_blob(const uint8_t *p, const uint8_t *end, uint32_t blob_len)
+{
+    size_t left = (size_t)(end - p);
+    if (left < blob_len)
+        return tern__error(TERN_ERR_PROTOCOL, "blob of %u bytes: message cut short", blob_len);
+    if (left > blob_len)
+        return tern__error(TERN_ERR_PROTOCOL, "%zu bytes past the end of the message's parts",
+                           left - blob_len);
+    return TERN_OK;
+}
+
 /* Something pulled for a call or a future. */
 typedef struct pull {
     rpc_t *rpc;
@@ -1439,7 +1470,7 @@ static void handle_request(rpc_t *rpc, int src, uint32_t imm, const hdr_t *h,
         goto fail;
     }
     if ((st = get_tensors(&q, qend, h->ntensors, tin)) != TERN_OK ||
-        (size_t)(qend - q) < h->blob_len) {
+        (st = check_blob(q, qend, h->blob_len)) != TERN_OK) {
         st = TERN_ERR_PROTOCOL;
         snprintf(why, sizeof(why), "malformed request: %s", tern_last_error());
         goto fail;
@@ -1625,8 +1656,11 @@ static void reply(rpc_t *rpc, call_t *c, tern_status_t st)
                .blob_len = (uint32_t)blob_len,
                .status = st};
     if (ev_len > 0) {
-        ev_len = tern__prof_capture_encode(c->prof, buf + size - ev_len, ev_len);
-        h.events_len = (uint32_t)ev_len;
+        /* Fewer bytes than the room when records were dropped: the events
+         * must still end the message, where the caller looks for them. */
+        size_t wrote = tern__prof_capture_encode(c->prof, buf + size - ev_len, ev_len);
+        size -= ev_len - wrote;
+        h.events_len = (uint32_t)wrote;
         h.flags = F_PROF;
     }
     put_hdr(buf, &h);
@@ -1774,6 +1808,19 @@ static tern_status_t take_reply_rrefs(rpc_t *rpc, const hdr_t *h, const uint8_t 
     return take_rrefs(rpc, data + HDR + pad8(h->text_len), h->nrrefs, out);
 }
 
+/* Fail f for a reply it cannot read (lock held). Results the target holds
+ * for the caller to pull are released all the same: it would keep them, and
+ * its shutdown would wait for them, for ever. */
+static void reply_malformed(rpc_t *rpc, tern_future_t *f, const hdr_t *h, tern_status_t st,
+                            char *error)
+{
+    if (h->ntensors > 0) {
+        hdr_t rel = {.type = M_RELEASE, .call_id = h->call_id};
+        send_ctl(rpc, f->target, &rel);
+    }
+    future_complete(rpc, f, st, error);
+}
+
 static void handle_reply(rpc_t *rpc, int src, const hdr_t *h, const uint8_t *data, size_t len)
 {
     tern_future_t *f = NULL;
@@ -1804,7 +1851,7 @@ static void handle_reply(rpc_t *rpc, int src, const hdr_t *h, const uint8_t *dat
     /* The target's profiler events ride at the end. */
     if (h->events_len > 0) {
         if (h->events_len > len - HDR) {
-            future_complete(rpc, f, TERN_ERR_PROTOCOL,
+            reply_malformed(rpc, f, h, TERN_ERR_PROTOCOL,
                             dup_printf("%s: malformed reply (events)", f->what));
             return;
         }
@@ -1818,19 +1865,24 @@ static void handle_reply(rpc_t *rpc, int src, const hdr_t *h, const uint8_t *dat
     tern_status_t st = TERN_OK;
     if (h->ntensors > MAX_TENSORS || h->blob_len > MAX_BLOB ||
         (size_t)(end - p) < pad8(h->text_len)) {
-        future_complete(rpc, f, TERN_ERR_PROTOCOL, dup_printf("%s: malformed reply", f->what));
+        reply_malformed(rpc, f, h, TERN_ERR_PROTOCOL, dup_printf("%s: malformed reply", f->what));
         return;
     }
     /* The RRefs first: whatever happens to the future from here, the owners
      * hear of these forks (future_complete drops them on an error). */
     if ((st = take_reply_rrefs(rpc, h, data, len, &rrefs)) != TERN_OK) {
-        future_complete(rpc, f, st,
+        reply_malformed(rpc, f, h, st,
                         dup_printf("%s: the result's RRefs: %s", f->what, tern_last_error()));
         return;
     }
     f->rrefs = rrefs;
     f->value.rrefs = rrefs;
     f->value.nrrefs = rrefs != NULL ? h->nrrefs : 0;
+    if (h->status != TERN_OK && !tern__status_is_error(h->status)) {
+        reply_malformed(rpc, f, h, TERN_ERR_PROTOCOL,
+                        dup_printf("%s: malformed reply (status %d)", f->what, (int)h->status));
+        return;
+    }
     if (h->status != TERN_OK) {
         future_complete(rpc, f, (tern_status_t)h->status,
                         strndup((const char *)p, h->text_len));
@@ -1839,7 +1891,13 @@ static void handle_reply(rpc_t *rpc, int src, const hdr_t *h, const uint8_t *dat
     p += pad8(h->text_len) + (size_t)f->value.nrrefs * RREF_WIRE;
     tin_t tin[MAX_TENSORS];
     if (h->ntensors == 0 && h->blob_len == 0) {
-        future_complete(rpc, f, TERN_OK, NULL); /* nothing to keep */
+        if (p != end)
+            future_complete(rpc, f, TERN_ERR_PROTOCOL,
+                            dup_printf("%s: malformed reply: %zu bytes past the end of the "
+                                       "message's parts",
+                                       f->what, (size_t)(end - p)));
+        else
+            future_complete(rpc, f, TERN_OK, NULL); /* nothing to keep */
         return;
     }
     if ((f->msg = malloc(len)) == NULL) {
@@ -1848,8 +1906,9 @@ static void handle_reply(rpc_t *rpc, int src, const hdr_t *h, const uint8_t *dat
     }
     memcpy(f->msg, data, len);
     const uint8_t *q = (const uint8_t *)f->msg + (p - data), *qend = (const uint8_t *)f->msg + len;
-    if (get_tensors(&q, qend, h->ntensors, tin) != TERN_OK || (size_t)(qend - q) < h->blob_len) {
-        future_complete(rpc, f, TERN_ERR_PROTOCOL,
+    if (get_tensors(&q, qend, h->ntensors, tin) != TERN_OK ||
+        check_blob(q, qend, h->blob_len) != TERN_OK) {
+        reply_malformed(rpc, f, h, TERN_ERR_PROTOCOL,
                         dup_printf("%s: malformed reply: %s", f->what, tern_last_error()));
         return;
     }
