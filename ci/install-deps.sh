@@ -10,7 +10,7 @@ packages=(
     libucx-dev ucx-utils                      # UCX provider (TERN_WITH_UCX), ucx_perftest
     libcmocka-dev uthash-dev                  # unit tests; the store's hash table
     libdlpack-dev                             # DLPack interchange (tensor/)
-    clang-14 libclang-rt-14-dev               # libFuzzer for the tensor wire fuzzer
+    clang-14 libclang-rt-14-dev               # libFuzzer for the fuzz tests
     openmpi-bin libopenmpi-dev                # mpirun launch tests and the MPI peer in perf/
     iproute2 procps                           # network namespaces in tests; pgrep/kill
     gnuplot-nox                               # perf/plot_coll.sh: the collectives' busbw plot

@@ -15,7 +15,6 @@
  * are unique by id across the job, so one that two ranks both hold is kept
  * once.
  */
-#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,19 +26,12 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "p2p/comm.h"
+#include "prof/job.h"
 #include "prof/session.h"
 
-/* A rank's blob (little-endian): a head, its error message, its events.
- * head: 0 u32 magic  4 i32 status (not TERN_OK: no results, message says why)
- *       8 u64 events  16 u64 dropped  24 u32 flags  28 u32 message length
- * event: 0 i64 start  8 i64 end  16 i64 self  24 u64 bytes  32 i64 mem
- *       40 i64 self_mem  48 i64 clock_error  56 u64 id  64 u64 parent
- *       72 u64 seq  80 u64 thread  88 i32 node  92 i32 peer  96 i32 depth
- *       100 u16 kind  102 u16 dir  104 u32 name length  108 u32 shapes length,
- *       then name and shapes. */
-#define MAGIC 0x314a5054u /* "TPJ1" */
+#define MAGIC TERN__PROF_JOB_MAGIC
 #define HEAD TERN__PROF_JOB_HEAD
-#define EV 112
+#define EV TERN__PROF_JOB_EV
 
 static size_t blob_size(const tern_prof_event_t *ev, size_t n, size_t msg_len)
 {
@@ -49,8 +41,6 @@ static size_t blob_size(const tern_prof_event_t *ev, size_t n, size_t msg_len)
     return size;
 }
 
-/* This rank's blob: its results, or why it has none (into head, of HEAD
- * bytes, when there is no memory for more). Free it unless it is head. */
 uint8_t *tern__prof_job_encode(uint8_t *head, size_t *len)
 {
     const tern_prof_event_t *ev = NULL;
@@ -108,87 +98,16 @@ uint8_t *tern__prof_job_encode(uint8_t *head, size_t *len)
     return b;
 }
 
-/* A rank's blob, checked: its event count and the bytes their strings need. */
-tern_status_t tern__prof_job_check(const uint8_t *b, size_t len, int rank, int world, size_t *n,
-                                   size_t *strbytes)
-{
-    if (len < HEAD || tern__get_le32(b) != MAGIC)
-        return tern__error(TERN_ERR_PROTOCOL, "tern_prof_gather: rank %d sent a malformed blob "
-                                              "(%zu bytes)", rank, len);
-    tern_status_t st = (tern_status_t)(int32_t)tern__get_le32(b + 4);
-    size_t ml = tern__get_le32(b + 28);
-    if (ml > len - HEAD)
-        return tern__error(TERN_ERR_PROTOCOL, "tern_prof_gather: rank %d's blob is cut short",
-                           rank);
-    if (st != TERN_OK)
-        return tern__error(st, "tern_prof_gather: rank %d has no results: %.*s", rank, (int)ml,
-                           (const char *)b + HEAD);
-    uint64_t count = tern__get_le64(b + 8);
-    const uint8_t *p = b + HEAD + ml, *end = b + len;
-    size_t strs = 0;
-    for (uint64_t i = 0; i < count; i++) {
-        if ((size_t)(end - p) < EV)
-            return tern__error(TERN_ERR_PROTOCOL, "tern_prof_gather: rank %d's blob holds fewer "
-                                                  "than its %" PRIu64 " events", rank, count);
-        size_t nl = tern__get_le32(p + 104), sl = tern__get_le32(p + 108);
-        int node = (int32_t)tern__get_le32(p + 88);
-        unsigned kind = tern__get_le16(p + 100), dir = tern__get_le16(p + 102);
-        if (nl > (size_t)(end - p) - EV || sl > (size_t)(end - p) - EV - nl || node < 0 ||
-            node >= world || kind > TERN_PROF_KIND_CLOCK || dir > TERN_PROF_DIR_RECV)
-            return tern__error(TERN_ERR_PROTOCOL, "tern_prof_gather: rank %d's event %" PRIu64
-                                                  " is malformed", rank, i);
-        strs += nl + 1 + sl + 1;
-        p += EV + nl + sl;
-    }
-    if (p != end)
-        return tern__error(TERN_ERR_PROTOCOL, "tern_prof_gather: rank %d's blob has %zu bytes "
-                                              "past its events", rank, (size_t)(end - p));
-    *n = (size_t)count;
-    *strbytes = strs;
-    return TERN_OK;
-}
-
-static char *put_str(char **s, const char *src, size_t len)
-{
-    char *at = *s;
-    memcpy(at, src, len);
-    at[len] = '\0';
-    *s += len + 1;
-    return at;
-}
-
 enum move { KEEP, SHIFT, UNALIGNED };
 
-/* Rank r's events from its checked blob, moved onto our clock. */
-static void decode(const uint8_t *b, int r, enum move how, tern_prof_event_t *out, char **strings)
+/* Rank r's n events, decoded from its blob, moved onto our clock. */
+static void move_events(tern_prof_event_t *ev, size_t n, int r, enum move how)
 {
-    const uint8_t *p = b + HEAD + tern__get_le32(b + 28);
-    size_t n = (size_t)tern__get_le64(b + 8);
+    if (how == KEEP)
+        return;
     for (size_t i = 0; i < n; i++) {
-        tern_prof_event_t *e = &out[i];
-        size_t nl = tern__get_le32(p + 104), sl = tern__get_le32(p + 108);
-        e->start_ns = (int64_t)tern__get_le64(p);
-        e->end_ns = (int64_t)tern__get_le64(p + 8);
-        e->self_ns = (int64_t)tern__get_le64(p + 16);
-        e->bytes = tern__get_le64(p + 24);
-        e->mem = (int64_t)tern__get_le64(p + 32);
-        e->self_mem = (int64_t)tern__get_le64(p + 40);
-        e->clock_error_ns = (int64_t)tern__get_le64(p + 48);
-        e->id = tern__get_le64(p + 56);
-        e->parent = tern__get_le64(p + 64);
-        e->seq = tern__get_le64(p + 72);
-        e->thread = tern__get_le64(p + 80);
-        e->node = (int32_t)tern__get_le32(p + 88);
-        e->peer = (int32_t)tern__get_le32(p + 92);
-        e->depth = (int32_t)tern__get_le32(p + 96);
-        e->kind = tern__get_le16(p + 100);
-        e->dir = tern__get_le16(p + 102);
-        e->name = put_str(strings, (const char *)p + EV, nl);
-        e->shapes = put_str(strings, (const char *)p + EV + nl, sl);
-        p += EV + nl + sl;
+        tern_prof_event_t *e = &ev[i];
         int64_t off, bound;
-        if (how == KEEP)
-            continue;
         /* Our time is about theirs minus the offset; the interpolation
          * needs only that precision. */
         if (how == UNALIGNED || e->clock_error_ns < 0 ||
@@ -241,8 +160,9 @@ static tern_status_t merge(const uint8_t *all, const size_t *lens, const size_t 
     nused = 0;
     for (int r = 0; r < world; r++) {
         const uint8_t *b = all + displs[r];
-        decode(b, r, r == me ? KEEP : aligned[r] ? SHIFT : UNALIGNED, ev + at, &s);
-        at += (size_t)tern__get_le64(b + 8);
+        size_t n = tern__prof_job_decode(b, ev + at, &s);
+        move_events(ev + at, n, r, r == me ? KEEP : aligned[r] ? SHIFT : UNALIGNED);
+        at += n;
         if (aligned[r])
             used[nused++] = est[r];
     }

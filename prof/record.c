@@ -104,8 +104,9 @@ static bool counter_usable(void)
 {
     unsigned a, b, c, d;
     /* CPUID 0x80000007 EDX bit 8: invariant TSC (constant rate, runs in
-     * every sleep state). */
-    if (__get_cpuid_max(0x80000000u, NULL) < 0x80000007u)
+     * every sleep state). __get_cpuid_max is unsigned in GCC's cpuid.h, int
+     * in clang's. */
+    if ((unsigned)__get_cpuid_max(0x80000000u, NULL) < 0x80000007u)
         return false;
     __cpuid(0x80000007u, a, b, c, d);
     if (!(d & (1u << 8)))

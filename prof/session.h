@@ -36,12 +36,4 @@ int tern__prof_by_start(const void *a, const void *b);
 void tern__prof_install(tern_prof_event_t *events, size_t n, char *strings,
                         tern_prof_clock_t *used, size_t nused, unsigned flags, uint64_t dropped);
 
-/* job.c's blob of this rank's results (into head when there is no memory:
- * free it unless it is head), and root's check of a rank's blob (its event
- * count and the bytes their strings take). Tests call them directly. */
-#define TERN__PROF_JOB_HEAD 32
-uint8_t *tern__prof_job_encode(uint8_t *head, size_t *len);
-tern_status_t tern__prof_job_check(const uint8_t *b, size_t len, int rank, int world, size_t *n,
-                                   size_t *strbytes);
-
 #endif

@@ -20,6 +20,7 @@
 #include <tern/tern.h>
 
 #include "core/bytes.h"
+#include "prof/job.h"
 #include "prof/record.h"
 #include "prof/session.h"
 
@@ -162,6 +163,8 @@ static void test_job_blob(void **state)
         uint64_t value;
     } corrupt[] = {
         {0, 4, 0x12345678},      /* magic */
+        {4, 4, TERN_INPROGRESS}, /* a status that is not an error */
+        {4, 4, (uint32_t)-1000}, /* nor one of tern's */
         {8, 8, 3},               /* more events than there are */
         {28, 4, 1u << 30},       /* a message longer than the blob */
         {ev0 + 88, 4, 2},        /* node outside the world of 2 */

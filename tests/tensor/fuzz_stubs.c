@@ -1,7 +1,8 @@
 /*
- * What core/status.c needs from core/log.c, for the fuzzer only: it links the
- * tensor sources and status.c alone (compiled with clang, apart from the main
- * build), and a fuzzer must not print a line per rejected input.
+ * What core/status.c needs from core/log.c, for the fuzzers only (this one and
+ * tests/prof/fuzz_prof.c): they link a layer's few sources and status.c alone
+ * (compiled with clang, apart from the main build), and a fuzzer must not
+ * print a line per rejected input.
  */
 #include "core/log.h"
 
