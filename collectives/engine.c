@@ -247,8 +247,8 @@ void tern__coll_on_message(tern__comm_t *comm, const tern_event_t *ev, void *arg
         return;
     }
     uint32_t cid = tern__get_le32(p), seq = tern__get_le32(p + 4);
-    tern_status_t st = (tern_status_t)(int32_t)tern__get_le32(p + 8);
-    if (st >= TERN_OK)
+    tern_status_t st = tern__status_from_wire((int32_t)tern__get_le32(p + 8));
+    if (st == TERN_OK) /* an abort without an error */
         st = TERN_ERR_PROTOCOL;
     char text[200];
     int tl = (int)(ev->len - ABORT_HDR < 150 ? ev->len - ABORT_HDR : 150);

@@ -25,6 +25,11 @@ tern_status_t tern__error_errno(tern_status_t status, int err, const char *fmt, 
  * not TERN_INPROGRESS, not a number the map lacks). */
 bool tern__status_is_error(int32_t v);
 
+/* A status another process sent: v when it is TERN_OK or one of the error
+ * codes, else TERN_ERR_PROTOCOL, so that no caller is handed
+ * TERN_INPROGRESS or a number tern_strerror does not know. */
+tern_status_t tern__status_from_wire(int32_t v);
+
 /* The status that best describes a system call's errno. */
 tern_status_t tern__status_from_errno(int err);
 

@@ -43,6 +43,11 @@ bool tern__status_is_error(int32_t v)
     return false;
 }
 
+tern_status_t tern__status_from_wire(int32_t v)
+{
+    return v == TERN_OK || tern__status_is_error(v) ? (tern_status_t)v : TERN_ERR_PROTOCOL;
+}
+
 static _Thread_local char last_error[TERN__ERROR_MAX];
 
 const char *tern_last_error(void)

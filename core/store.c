@@ -144,7 +144,7 @@ static tern_status_t tcp_request(tern_store_t *s, uint8_t op, const char *const 
     if (st != TERN_OK)
         goto broken;
     rbody[rlen] = '\0';
-    st = (tern_status_t)(int32_t)tern__get_be32(rhdr + 4);
+    st = tern__status_from_wire((int32_t)tern__get_be32(rhdr + 4));
     if (st != TERN_OK) {
         tern__error(st, "%s", rbody);
         goto out;

@@ -1042,7 +1042,7 @@ static void on_control(tern__comm_t *comm, const tern_event_t *ev, void *arg)
         if (ev->len != 12)
             break;
         uint64_t id = tern__get_le64(p);
-        tern_status_t st = (tern_status_t)(int32_t)tern__get_le32(p + 8);
+        tern_status_t st = tern__status_from_wire((int32_t)tern__get_le32(p + 8));
         tern_request_t **pp;
         for (pp = &comm->rndv_sends; *pp != NULL; pp = &(*pp)->next) {
             tern_request_t *r = *pp;
@@ -1101,7 +1101,8 @@ static void on_control(tern__comm_t *comm, const tern_event_t *ev, void *arg)
         free(rtr_take(comm, (int)ev->src, 0, 0, tern__get_le64(p), true));
         return;
     case CTRL_RTR_FAIL: {
-        tern_status_t st = ev->len == 20 ? (tern_status_t)(int32_t)tern__get_le32(p + 16) : TERN_OK;
+        tern_status_t st =
+            ev->len == 20 ? tern__status_from_wire((int32_t)tern__get_le32(p + 16)) : TERN_OK;
         if (st == TERN_OK)
             break;
         tern_request_t *req = take_offered(comm, (int)ev->src, tern__get_le64(p), UINT64_MAX);

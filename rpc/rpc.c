@@ -375,11 +375,6 @@ static void free_on_send(void *arg, tern_status_t status)
     free(arg);
 }
 
-/*
- * Send buf[0..len) (malloc'd; this takes it) to rank dst (lock held), counted
- * for graceful shutdown's balance. To this worker itself the message is
- * handled here and now.
- */
 static _Atomic(tern__rpc_send_hook_fn) send_hook;
 static void *send_hook_arg;
 
@@ -390,6 +385,11 @@ void tern__rpc_set_send_hook(tern__rpc_send_hook_fn fn, void *arg)
     atomic_store_explicit(&send_hook, fn, memory_order_release);
 }
 
+/*
+ * Send buf[0..len) (malloc'd; this takes it) to rank dst (lock held), counted
+ * for graceful shutdown's balance. To this worker itself the message is
+ * handled here and now.
+ */
 static tern_status_t send_msg(rpc_t *rpc, int dst, uint8_t *buf, size_t len)
 {
     tern_imm_class_t cls = buf[0] == M_REPLY ? TERN_IMM_RPC_REPLY : TERN_IMM_RPC_REQUEST;
@@ -1891,11 +1891,9 @@ static void handle_reply(rpc_t *rpc, int src, const hdr_t *h, const uint8_t *dat
     p += pad8(h->text_len) + (size_t)f->value.nrrefs * RREF_WIRE;
     tin_t tin[MAX_TENSORS];
     if (h->ntensors == 0 && h->blob_len == 0) {
-        if (p != end)
+        if (check_blob(p, end, 0) != TERN_OK)
             future_complete(rpc, f, TERN_ERR_PROTOCOL,
-                            dup_printf("%s: malformed reply: %zu bytes past the end of the "
-                                       "message's parts",
-                                       f->what, (size_t)(end - p)));
+                            dup_printf("%s: malformed reply: %s", f->what, tern_last_error()));
         else
             future_complete(rpc, f, TERN_OK, NULL); /* nothing to keep */
         return;

@@ -4,6 +4,7 @@
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <string.h>
 
 #include <cmocka.h>
@@ -37,6 +38,23 @@ static void test_codes_are_unique(void **state)
     for (size_t i = 0; i < n; i++)
         for (size_t j = i + 1; j < n; j++)
             assert_int_not_equal(codes[i], codes[j]);
+}
+
+/* Statuses read from the network: only TERN_OK and the error codes pass. */
+static void test_status_from_wire(void **state)
+{
+    (void)state;
+#define WIRE(name, value, desc)                                                   \
+    assert_int_equal(tern__status_is_error(value), value < 0);                    \
+    assert_int_equal(tern__status_from_wire(value),                               \
+                     value == TERN_INPROGRESS ? TERN_ERR_PROTOCOL : (int)name);
+    TERN_STATUS_MAP(WIRE)
+#undef WIRE
+    static const int32_t bad[] = {2, 5, 12345, INT32_MAX, -11, -19, -24, -64, -1000, INT32_MIN};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        assert_false(tern__status_is_error(bad[i]));
+        assert_int_equal(tern__status_from_wire(bad[i]), TERN_ERR_PROTOCOL);
+    }
 }
 
 static void test_error_detail(void **state)
@@ -86,6 +104,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_status_has_a_name),
         cmocka_unit_test(test_codes_are_unique),
+        cmocka_unit_test(test_status_from_wire),
         cmocka_unit_test(test_error_detail),
         cmocka_unit_test(test_errno_mapping),
         cmocka_unit_test(test_detail_is_per_thread),

@@ -104,7 +104,7 @@ static void frame_decode(const uint8_t *h, frame_t *f)
 {
     f->type = h[0];
     f->flags = h[1];
-    f->status = (int32_t)tern__get_le32(h + 4);
+    f->status = tern__status_from_wire((int32_t)tern__get_le32(h + 4));
     f->imm = tern__get_le32(h + 8);
     f->op_id = tern__get_le64(h + 16);
     f->key = tern__get_le64(h + 24);
