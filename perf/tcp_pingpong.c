@@ -18,6 +18,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -68,24 +69,71 @@ static int run_xchg(int fd, int timed, size_t size, unsigned warm, unsigned iter
 {
     char *sbuf = malloc(size ? size : 1), *rbuf = malloc(size ? size : 1), b = 0;
     uint64_t *s = calloc(iters, sizeof(*s));
+    int rc = 1;
     if (sbuf == NULL || rbuf == NULL || s == NULL || fcntl(fd, F_SETFL, O_NONBLOCK) != 0)
-        return 1;
+        goto out;
     memset(sbuf, 1, size ? size : 1);
     for (unsigned i = 0; i < warm + iters; i++) {
         if (exchange(fd, &b, &b, 1))
-            return 1;
+            goto out;
         uint64_t t = peer_now_ns();
         if (exchange(fd, sbuf, rbuf, size))
-            return 1;
+            goto out;
         if (i >= warm)
             s[i - warm] = peer_now_ns() - t;
     }
     if (timed)
         peer_print_us("xchg", size, s, iters, 1.0);
+    rc = 0;
+out:
     free(s);
     free(sbuf);
     free(rbuf);
+    return rc;
+}
+
+/* The client's side of lat and bw, timed. */
+static int run_client(int fd, int lat, char *buf, size_t size, unsigned warm, unsigned iters,
+                      unsigned window)
+{
+    char ack = 0;
+    uint64_t *s = calloc(iters ? iters : 1, sizeof(*s)), t0 = 0;
+    if (s == NULL)
+        return 1;
+    /* One clock read per iteration, where tern-perf takes it: a ping-pong's
+     * right after the send, so it overlaps the reply's flight (a sample runs
+     * from one send to the next); a window's after the ack. */
+    uint64_t t = peer_now_ns();
+    for (unsigned i = 0; i < warm + iters; i++) {
+        if (i == warm)
+            t0 = t;
+        if (lat) {
+            if (peer_xfer(fd, buf, size, 1))
+                goto fail;
+        } else {
+            for (unsigned w = 0; w < window; w++)
+                if (peer_xfer(fd, buf, size, 1))
+                    goto fail;
+            if (peer_xfer(fd, &ack, 1, 0))
+                goto fail;
+        }
+        uint64_t t1 = peer_now_ns();
+        if (i >= warm)
+            s[i - warm] = t1 - t;
+        t = t1;
+        if (lat && peer_xfer(fd, buf, size, 0))
+            goto fail;
+    }
+    double secs = (double)(peer_now_ns() - t0) / 1e9;
+    if (lat)
+        peer_print_lat(size, s, iters);
+    else
+        printf("bw,%zu,%.3f\n", size, (double)size * window * iters / secs / 1e9);
+    free(s);
     return 0;
+fail:
+    free(s);
+    return 1;
 }
 
 int main(int argc, char **argv)
@@ -110,6 +158,10 @@ int main(int argc, char **argv)
     }
     char *buf = malloc(size ? size : 1);
     char ack = 0;
+    if (buf == NULL) {
+        perror("tcp-pingpong: malloc");
+        return 1;
+    }
     memset(buf, 1, size ? size : 1);
     pid_t child = fork();
     if (child >= 0)
@@ -136,46 +188,19 @@ int main(int argc, char **argv)
     close(lfd);
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     tune(fd);
+    int rc;
     if (connect(fd, (struct sockaddr *)&a, sizeof(a))) {
         perror("tcp-pingpong: connect");
-        return 1;
-    }
-    if (xchg) {
-        int rc = run_xchg(fd, 1, size, warm, iters);
-        waitpid(child, NULL, 0);
-        return rc;
-    }
-    uint64_t *s = calloc(iters, sizeof(*s)), t0 = 0;
-    /* One clock read per iteration, where tern-perf takes it: a ping-pong's
-     * right after the send, so it overlaps the reply's flight (a sample runs
-     * from one send to the next); a window's after the ack. */
-    uint64_t t = peer_now_ns();
-    for (unsigned i = 0; i < warm + iters; i++) {
-        if (i == warm)
-            t0 = t;
-        if (lat) {
-            if (peer_xfer(fd, buf, size, 1))
-                return 1;
-        } else {
-            for (unsigned w = 0; w < window; w++)
-                if (peer_xfer(fd, buf, size, 1))
-                    return 1;
-            if (peer_xfer(fd, &ack, 1, 0))
-                return 1;
-        }
-        uint64_t t1 = peer_now_ns();
-        if (i >= warm)
-            s[i - warm] = t1 - t;
-        t = t1;
-        if (lat && peer_xfer(fd, buf, size, 0))
-            return 1;
-    }
-    double secs = (double)(peer_now_ns() - t0) / 1e9;
-    if (lat) {
-        peer_print_lat(size, s, iters);
+        if (child > 0)
+            kill(child, SIGTERM); /* it waits in accept */
+        rc = 1;
+    } else if (xchg) {
+        rc = run_xchg(fd, 1, size, warm, iters);
     } else {
-        printf("bw,%zu,%.3f\n", size, (double)size * window * iters / secs / 1e9);
+        rc = run_client(fd, lat, buf, size, warm, iters, window);
     }
+    close(fd);
     waitpid(child, NULL, 0);
-    return 0;
+    free(buf);
+    return rc;
 }

@@ -94,28 +94,28 @@ int main(int argc, char **argv)
         die("ucp_worker_set_am_recv_handler", st);
     ucp_address_t *addr;
     size_t alen, plen;
+    void *peer = NULL;
+    uint8_t *buf = NULL;
+    uint64_t *s = NULL;
+    ucp_ep_h ep = NULL;
+    int rc = 1;
     if ((st = ucp_worker_get_address(w, &addr, &alen)) != UCS_OK)
         die("ucp_worker_get_address", st);
     if (peer_xfer(wfd, &alen, sizeof(alen), 1) || peer_xfer(wfd, addr, alen, 1) ||
-        peer_xfer(rfd, &plen, sizeof(plen), 0) || plen > 1u << 20) {
+        peer_xfer(rfd, &plen, sizeof(plen), 0) || plen > 1u << 20 ||
+        (peer = malloc(plen)) == NULL || peer_xfer(rfd, peer, plen, 0)) {
         fprintf(stderr, "ucp-am-pingpong: address exchange failed\n");
-        return 1;
-    }
-    void *peer = malloc(plen);
-    if (peer == NULL || peer_xfer(rfd, peer, plen, 0)) {
-        fprintf(stderr, "ucp-am-pingpong: address exchange failed\n");
-        return 1;
+        goto out;
     }
     ucp_ep_params_t ep_params = {.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS, .address = peer};
-    ucp_ep_h ep;
     if ((st = ucp_ep_create(w, &ep_params, &ep)) != UCS_OK)
         die("ucp_ep_create", st);
 
-    uint8_t *buf = calloc(1, size);
-    uint64_t *s = calloc(iters, sizeof(*s));
+    buf = calloc(1, size);
+    s = calloc(iters ? iters : 1, sizeof(*s));
     if (buf == NULL || s == NULL) {
         fprintf(stderr, "ucp-am-pingpong: no memory\n");
-        return 1;
+        goto out;
     }
     /* One clock read per iteration, where tern-perf takes it: right after
      * the client's send, so it overlaps the reply's flight (a sample runs
@@ -137,9 +137,13 @@ int main(int argc, char **argv)
     /* Both sides done before either endpoint goes. */
     char done = 1;
     if (peer_xfer(wfd, &done, 1, 1) || peer_xfer(rfd, &done, 1, 0))
-        return 1;
+        goto out;
     if (!server)
         peer_print_lat(size - HDR_LEN - P2P_HDR, s, iters);
+    rc = 0;
+out:
+    if (ep == NULL)
+        goto release;
     ucp_request_param_t cpar = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
                                 .flags = UCP_EP_CLOSE_FLAG_FORCE};
     ucs_status_ptr_t cr = ucp_ep_close_nbx(ep, &cpar);
@@ -148,6 +152,7 @@ int main(int argc, char **argv)
             ucp_worker_progress(w);
         ucp_request_free(cr);
     }
+release:
     ucp_worker_release_address(w, addr);
     ucp_worker_destroy(w);
     ucp_cleanup(ctx);
@@ -156,5 +161,5 @@ int main(int argc, char **argv)
     free(s);
     if (!server)
         waitpid(child, NULL, 0);
-    return 0;
+    return rc;
 }
