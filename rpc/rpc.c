@@ -1469,8 +1469,8 @@ static void handle_request(rpc_t *rpc, int src, uint32_t imm, const hdr_t *h,
         snprintf(why, sizeof(why), "out of memory");
         goto fail;
     }
-    if ((st = get_tensors(&q, qend, h->ntensors, tin)) != TERN_OK ||
-        (st = check_blob(q, qend, h->blob_len)) != TERN_OK) {
+    if (get_tensors(&q, qend, h->ntensors, tin) != TERN_OK ||
+        check_blob(q, qend, h->blob_len) != TERN_OK) {
         st = TERN_ERR_PROTOCOL;
         snprintf(why, sizeof(why), "malformed request: %s", tern_last_error());
         goto fail;
