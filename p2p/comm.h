@@ -133,6 +133,7 @@ struct tern__comm {
     struct tern__pair {
         size_t coll_eager; /* the smaller of the two ranks' coll_eager_limit */
         bool rtr;          /* both offer */
+        int64_t credit;    /* the peer's credit_per_peer: credits[] starts there */
     } *pair;
     bool terms_told;          /* a peer's differing terms were logged at warn level */
     bool coll_terms_told;     /* a peer's differing collective settings were too */

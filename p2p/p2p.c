@@ -1083,11 +1083,24 @@ static void on_control(tern__comm_t *comm, const tern_event_t *ev, void *arg)
         tern__prof_clock_pong(comm, (int)ev->src, tern__get_le64(p),
                               (int64_t)tern__get_le64(p + 8));
         return;
-    case CTRL_CREDIT:
+    case CTRL_CREDIT: {
         if (ev->len != 8)
             break;
-        comm->credits[ev->src] += (int64_t)tern__get_le64(p);
+        /* A peer hands back what it consumed, never more than this rank
+         * charged: more would let this rank overrun the peer's unexpected
+         * queue, or overflow the count. The excess is dropped, not the
+         * return: a later honest return then still counts in full. */
+        uint64_t back = tern__get_le64(p);
+        int64_t owed = comm->pair[ev->src].credit - comm->credits[ev->src];
+        if (back > (uint64_t)owed) {
+            tern_warn("p2p: rank %u handed back %" PRIu64 " bytes of eager credit, more than "
+                      "the %" PRId64 " this rank charged; took %" PRId64,
+                      ev->src, back, owed, owed);
+            back = (uint64_t)owed;
+        }
+        comm->credits[ev->src] += (int64_t)back;
         return;
+    }
     case CTRL_RTR: {
         offer_t o;
         if (!offer_decode(ev, true, &o))
@@ -1737,6 +1750,7 @@ tern_status_t tern__p2p_terms_take(tern__comm_t *comm, int r, const uint8_t *t)
     comm->pair[r].coll_eager = eager < comm->coll_eager_limit ? (size_t)eager : comm->coll_eager_limit;
     comm->pair[r].rtr = rtr && comm->rtr_on;
     comm->credits[r] = credit > INT64_MAX ? INT64_MAX : (int64_t)credit;
+    comm->pair[r].credit = comm->credits[r];
     return TERN_OK;
 }
 
