@@ -52,23 +52,12 @@
 
 #include <tern/tern.h>
 
+#include "rank_check.h"
+
 static int rank, world;
 static tern_ctx_t *ctx;
 static tern_group_t *W;
-static unsigned long checks;
-
-#define CHECK(cond, ...)                                                        \
-    do {                                                                        \
-        if (!(cond)) {                                                          \
-            fprintf(stderr, "rank %d: FAIL %s:%d: ", rank, __func__, __LINE__); \
-            fprintf(stderr, __VA_ARGS__);                                       \
-            fprintf(stderr, " [%s]\n", tern_last_error());                      \
-            exit(1);                                                            \
-        }                                                                       \
-        checks++;                                                               \
-    } while (0)
-
-#define OK(call) CHECK((call) == TERN_OK, "%s", #call)
+static atomic_ulong checks;
 
 static const tern_dtype_t DTYPES[] = {TERN_DTYPE_F16, TERN_DTYPE_BF16, TERN_DTYPE_F32,
                                       TERN_DTYPE_F64, TERN_DTYPE_I8,   TERN_DTYPE_I32,
@@ -1988,12 +1977,12 @@ int main(int argc, char **argv)
         return test_failure(true, 1u << 18, false); /* 1 MiB: messages above the eager limit */
     if (strcmp(mode, "--terms") == 0) {
         test_terms();
-        printf("rank %d ok (%lu checks)\n", rank, checks);
+        printf("rank %d ok (%lu checks)\n", rank, atomic_load(&checks));
         return tern_finalize(ctx) == TERN_OK ? 0 : 1;
     }
     if (strcmp(mode, "--mismatch-window") == 0) {
         test_mismatch_window();
-        printf("rank %d ok (%lu checks)\n", rank, checks);
+        printf("rank %d ok (%lu checks)\n", rank, atomic_load(&checks));
         return tern_finalize(ctx) == TERN_OK ? 0 : 1;
     }
     run_suite(W, true);
@@ -2024,6 +2013,6 @@ int main(int argc, char **argv)
           "a call on a group after finalize: %s", tern_last_error());
     CHECK(strstr(tern_last_error(), "finalized") != NULL, "the error says why");
     tern_group_destroy(late);
-    printf("rank %d ok (%lu checks)\n", rank, checks);
+    printf("rank %d ok (%lu checks)\n", rank, atomic_load(&checks));
     return 0;
 }

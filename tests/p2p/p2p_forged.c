@@ -19,6 +19,8 @@
 #include "core/bytes.h"
 #include "p2p/comm.h"
 
+#include "rank_check.h"
+
 /* p2p.c's control kinds. */
 #define CTRL_FIN 1
 #define CTRL_CREDIT 2
@@ -28,18 +30,7 @@
 #define TAG_DATA 8
 
 static int rank;
-
-#define CHECK(cond, ...)                                                        \
-    do {                                                                        \
-        if (!(cond)) {                                                          \
-            fprintf(stderr, "rank %d: FAIL %s:%d: ", rank, __func__, __LINE__); \
-            fprintf(stderr, __VA_ARGS__);                                       \
-            fprintf(stderr, " [%s]\n", tern_last_error());                      \
-            exit(1);                                                            \
-        }                                                                       \
-    } while (0)
-
-#define OK(call) CHECK((call) == TERN_OK, "%s", #call)
+static atomic_ulong checks;
 
 /* Send one control message to rank 0 as p2p itself would, under the lock. */
 static void forge(tern__comm_t *comm, unsigned kind, const uint8_t *payload, size_t len)

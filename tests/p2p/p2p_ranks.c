@@ -19,21 +19,12 @@
 
 #include <tern/tern.h>
 
+#include "rank_check.h"
+
 static unsigned rank, world;
+static atomic_ulong checks;
 static tern_ctx_t *ctx;
 static size_t eager; /* the eager limit in effect (from TERN_EAGER_LIMIT, default 16k) */
-
-#define CHECK(cond, ...)                                                        \
-    do {                                                                        \
-        if (!(cond)) {                                                          \
-            fprintf(stderr, "rank %u: FAIL %s:%d: ", rank, __func__, __LINE__); \
-            fprintf(stderr, __VA_ARGS__);                                       \
-            fprintf(stderr, " [%s]\n", tern_last_error());                      \
-            exit(1);                                                            \
-        }                                                                       \
-    } while (0)
-
-#define OK(call) CHECK((call) == TERN_OK, "%s", #call)
 
 static uint8_t pat(unsigned from, unsigned tag, size_t i)
 {

@@ -61,6 +61,8 @@
 
 #include <tern/tern.h>
 
+#include "rank_check.h"
+
 #define MAX_WORLD 8
 #define MS ((int64_t)1000000)
 #define SEC ((int64_t)1000000000)
@@ -74,19 +76,6 @@ static int64_t skew1; /* rank 1's clock skew (--skew-rank1) */
 
 /* A failure that leaves nothing worth running: the rank exits at once
  * (tern-run then stops the others). */
-#define CHECK(cond, ...)                                                                           \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "rank %d: FAIL %s:%d: ", rank, __func__, __LINE__);                    \
-            fprintf(stderr, __VA_ARGS__);                                                          \
-            fprintf(stderr, " [%s]\n", tern_last_error());                                         \
-            fflush(stderr);                                                                        \
-            exit(1);                                                                               \
-        }                                                                                          \
-        atomic_fetch_add(&checks, 1);                                                              \
-    } while (0)
-
-#define OK(call) CHECK((call) == TERN_OK, "%s", #call)
 
 /* A failure recorded; the rank goes on and exits 1 at its end. Returns cond. */
 #define EXPECT(cond, ...) expect_((cond), __func__, __LINE__, __VA_ARGS__)
@@ -1701,7 +1690,6 @@ static int mode_die(void)
     fflush(stderr);
     _exit(bad ? 1 : 0); /* finalize would wait for the dead rank */
 }
-
 
 /* ================================================================== */
 /* --job: one trace for the whole job (every rank profiles). */

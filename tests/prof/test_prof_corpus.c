@@ -11,7 +11,6 @@
  * rank's blob in the job gather; regress_* inputs the fuzzer found, kept as
  * they are (not rewritten) and checked to fail as they should.
  */
-#include <dirent.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -27,9 +26,9 @@
 #include "prof/job.h"
 #include "prof/record.h"
 
+#include "corpus_check.h"
 #include "one_rank.h"
 
-static const char *corpus_dir;
 
 typedef enum form { REPLY, BLOB } form_t;
 
@@ -145,22 +144,6 @@ static void write_seeds(const char *dir)
         exit(1);
 }
 
-static uint8_t *read_file(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    assert_non_null(f);
-    assert_int_equal(fseek(f, 0, SEEK_END), 0);
-    long n = ftell(f);
-    assert_true(n >= 1 && n < (1 << 20));
-    rewind(f);
-    uint8_t *p = malloc((size_t)n);
-    assert_non_null(p);
-    assert_int_equal(fread(p, 1, (size_t)n, f), (size_t)n);
-    fclose(f);
-    *len = (size_t)n;
-    return p;
-}
-
 typedef struct got {
     size_t n;
     char first[64];
@@ -219,37 +202,17 @@ static void test_every_seed_decodes(void **state)
 {
     (void)state;
     for (size_t i = 0; i < NSEEDS; i++) {
-        char path[4096];
         size_t len;
-        snprintf(path, sizeof(path), "%s/%s", corpus_dir, seeds[i].name);
-        uint8_t *in = read_file(path, &len);
+        uint8_t *in = corpus_read(seeds[i].name, &len);
+        assert_true(len >= 1); /* the byte that picks the decoder */
         check_seed(&seeds[i], in, len);
         free(in);
     }
     /* Nothing else in the folder but seeds we know. */
-    DIR *dir = opendir(corpus_dir);
-    assert_non_null(dir);
-    size_t files = 0;
-    for (struct dirent *e; (e = readdir(dir)) != NULL;)
-        if (e->d_name[0] != '.')
-            files++;
-    closedir(dir);
-    assert_int_equal(files, NSEEDS);
+    assert_int_equal(corpus_files(), NSEEDS);
 }
 
 int main(int argc, char **argv)
 {
-    if (argc == 3 && strcmp(argv[1], "--write") == 0) {
-        write_seeds(argv[2]);
-        return 0;
-    }
-    if (argc > 2) {
-        fprintf(stderr, "usage: %s [CORPUS_DIR] | --write CORPUS_DIR\n", argv[0]);
-        return 2;
-    }
-    corpus_dir = argc == 2 ? argv[1] : TERN_CORPUS_DIR;
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_every_seed_decodes),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return corpus_main(argc, argv, write_seeds, test_every_seed_decodes);
 }

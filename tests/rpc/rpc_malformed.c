@@ -35,6 +35,8 @@
 #include "core/bytes.h"
 #include "rpc/rpc_int.h"
 
+#include "rank_check.h"
+
 #define MS ((int64_t)1000000)
 #define SEC ((int64_t)1000000000)
 
@@ -59,20 +61,7 @@
 
 static int rank;
 static tern_ctx_t *ctx;
-static unsigned long checks;
-
-#define CHECK(cond, ...)                                                        \
-    do {                                                                        \
-        if (!(cond)) {                                                          \
-            fprintf(stderr, "rank %d: FAIL %s:%d: ", rank, __func__, __LINE__); \
-            fprintf(stderr, __VA_ARGS__);                                       \
-            fprintf(stderr, " [%s]\n", tern_last_error());                      \
-            exit(1);                                                            \
-        }                                                                       \
-        checks++;                                                               \
-    } while (0)
-
-#define OK(call) CHECK((call) == TERN_OK, "%s", #call)
+static atomic_ulong checks;
 
 static size_t pad8(size_t n)
 {
@@ -649,6 +638,6 @@ int main(void)
     OK(tern_rpc_shutdown(ctx, 1));
     tern__rpc_set_send_hook(NULL, NULL);
     tern_finalize(ctx);
-    printf("rank %d: %lu checks passed\n", rank, checks);
+    printf("rank %d: %lu checks passed\n", rank, atomic_load(&checks));
     return rc;
 }

@@ -57,6 +57,8 @@
 
 #include <tern/tern.h>
 
+#include "rank_check.h"
+
 /* AddressSanitizer keeps freed memory in quarantine: RSS then says nothing
  * about leaks, and --memory skips (exit 77). */
 #if defined(__SANITIZE_ADDRESS__)
@@ -92,19 +94,6 @@ static tern_ctx_t *ctx;
 static atomic_ulong checks;
 static char names[MAX_WORLD][TERN_RPC_NAME_MAX + 1];
 static pthread_t main_thread;
-
-#define CHECK(cond, ...)                                                        \
-    do {                                                                        \
-        if (!(cond)) {                                                          \
-            fprintf(stderr, "rank %d: FAIL %s:%d: ", rank, __func__, __LINE__); \
-            fprintf(stderr, __VA_ARGS__);                                       \
-            fprintf(stderr, " [%s]\n", tern_last_error());                      \
-            exit(1);                                                            \
-        }                                                                       \
-        atomic_fetch_add(&checks, 1);                                           \
-    } while (0)
-
-#define OK(call) CHECK((call) == TERN_OK, "%s", #call)
 
 /* As CHECK, but the program goes on and fails at its end: for checks whose
  * failure leaves the rest worth running. Returns cond. */

@@ -6,7 +6,6 @@
  *   test_corpus --write DIR  (re)write the seeds, after a wire format change
  * Files named desc_* hold a descriptor alone; the others a full encoding.
  */
-#include <dirent.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -19,9 +18,9 @@
 
 #include <tern/tensor.h>
 
+#include "corpus_check.h"
 #include "tensor_test_util.h"
 
-static const char *corpus_dir;
 
 struct seed {
     const char *name;
@@ -74,31 +73,13 @@ static void write_seeds(const char *dir)
     }
 }
 
-static unsigned char *read_file(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    assert_non_null(f);
-    assert_int_equal(fseek(f, 0, SEEK_END), 0);
-    long n = ftell(f);
-    assert_true(n >= 0 && n < (1 << 20));
-    rewind(f);
-    unsigned char *p = malloc((size_t)n + 1);
-    assert_non_null(p);
-    assert_int_equal(fread(p, 1, (size_t)n, f), (size_t)n);
-    fclose(f);
-    *len = (size_t)n;
-    return p;
-}
-
 static void test_every_seed_decodes(void **state)
 {
     (void)state;
     size_t found = 0;
     for (size_t i = 0; i < sizeof(seeds) / sizeof(seeds[0]); i++) {
-        char path[4096];
         size_t len, out_len, consumed;
-        snprintf(path, sizeof(path), "%s/%s", corpus_dir, seeds[i].name);
-        unsigned char *buf = read_file(path, &len), out[8192];
+        unsigned char *buf = corpus_read(seeds[i].name, &len), out[8192];
         tern_tensor_t t;
         bool desc = strncmp(seeds[i].name, "desc_", 5) == 0;
         if (desc) {
@@ -119,29 +100,10 @@ static void test_every_seed_decodes(void **state)
         found++;
     }
     /* Nothing else in the folder but seeds we know. */
-    DIR *dir = opendir(corpus_dir);
-    assert_non_null(dir);
-    size_t files = 0;
-    for (struct dirent *e; (e = readdir(dir)) != NULL;)
-        if (e->d_name[0] != '.')
-            files++;
-    closedir(dir);
-    assert_int_equal(files, found);
+    assert_int_equal(corpus_files(), found);
 }
 
 int main(int argc, char **argv)
 {
-    if (argc == 3 && strcmp(argv[1], "--write") == 0) {
-        write_seeds(argv[2]);
-        return 0;
-    }
-    if (argc > 2) {
-        fprintf(stderr, "usage: %s [CORPUS_DIR] | --write CORPUS_DIR\n", argv[0]);
-        return 2;
-    }
-    corpus_dir = argc == 2 ? argv[1] : TERN_CORPUS_DIR;
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_every_seed_decodes),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return corpus_main(argc, argv, write_seeds, test_every_seed_decodes);
 }
