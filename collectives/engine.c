@@ -717,7 +717,7 @@ static void free_hook(tern_request_t *req)
 
 void tern__coll_install_hooks(tern__comm_t *comm)
 {
-    comm->coll_progress = progress_hook;
+    atomic_store_explicit(&comm->coll_progress, progress_hook, memory_order_release);
     comm->coll_free = free_hook;
 }
 

@@ -22,6 +22,10 @@
 
 typedef struct tern__comm tern__comm_t;
 
+/* The hooks the progress thread calls outside the lock (struct tern__comm). */
+typedef void (*tern__coll_progress_fn)(tern__comm_t *comm, bool check_time, bool locked);
+typedef void (*tern__rpc_poll_fn)(tern__comm_t *comm);
+
 /* A handler for one immediate class, called under the comm lock. */
 typedef void (*tern__class_fn)(tern__comm_t *comm, const tern_event_t *ev, void *arg);
 
@@ -192,7 +196,9 @@ struct tern__comm {
     void *coll_state;
     atomic_uint coll_active;
     atomic_bool coll_kick;
-    void (*coll_progress)(tern__comm_t *comm, bool check_time, bool locked);
+    /* Installed (release, under the lock) while the progress thread may
+     * read it outside the lock (acquire), like rpc_poll below. */
+    _Atomic(tern__coll_progress_fn) coll_progress;
     void (*coll_free)(tern_request_t *req);
     void (*coll_fini)(tern__comm_t *comm);
     /* RPC (rpc/) hooks in the same way. rpc_timers counts calls with a
@@ -201,7 +207,7 @@ struct tern__comm {
      * (lock held) when a peer is lost; rpc_fini before p2p's teardown. */
     void *rpc_state;
     atomic_uint rpc_timers;
-    void (*rpc_poll)(tern__comm_t *comm);
+    _Atomic(tern__rpc_poll_fn) rpc_poll;
     void (*rpc_peer_lost)(tern__comm_t *comm, int peer);
     void (*rpc_fini)(tern__comm_t *comm);
 };

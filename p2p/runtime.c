@@ -145,16 +145,17 @@ void tern__comm_coll_poll(tern__comm_t *comm, bool check_time)
     if (atomic_load_explicit(&comm->coll_active, memory_order_relaxed) == 0)
         return;
     bool kicked = atomic_exchange_explicit(&comm->coll_kick, false, memory_order_acq_rel);
-    if ((kicked || check_time) && comm->coll_progress != NULL)
-        comm->coll_progress(comm, check_time, false);
+    tern__coll_progress_fn fn = atomic_load_explicit(&comm->coll_progress, memory_order_acquire);
+    if ((kicked || check_time) && fn != NULL)
+        fn(comm, check_time, false);
 }
 
 void tern__comm_coll_poll_locked(tern__comm_t *comm, bool check_time)
 {
-    if (atomic_load_explicit(&comm->coll_active, memory_order_relaxed) != 0 &&
-        comm->coll_progress != NULL &&
+    tern__coll_progress_fn fn = atomic_load_explicit(&comm->coll_progress, memory_order_acquire);
+    if (atomic_load_explicit(&comm->coll_active, memory_order_relaxed) != 0 && fn != NULL &&
         (atomic_exchange_explicit(&comm->coll_kick, false, memory_order_acq_rel) || check_time)) {
-        comm->coll_progress(comm, check_time, true);
+        fn(comm, check_time, true);
         return;
     }
     tern__comm_unlock(comm);
@@ -209,8 +210,11 @@ static void *progress_main(void *arg)
          * clock check lets a stalled one time out. */
         tern__comm_coll_poll(comm, n == 0);
         bool timers = atomic_load_explicit(&comm->rpc_timers, memory_order_relaxed) != 0;
-        if (n == 0 && timers && comm->rpc_poll != NULL)
-            comm->rpc_poll(comm);
+        if (n == 0 && timers) {
+            tern__rpc_poll_fn poll_fn = atomic_load_explicit(&comm->rpc_poll, memory_order_acquire);
+            if (poll_fn != NULL)
+                poll_fn(comm);
+        }
         if (n > 0) {
             last_event = tern_clock_ns();
             continue;
@@ -636,8 +640,11 @@ static wait_end_t wait_loop(tern__comm_t *comm, atomic_int *done, int64_t timeou
                      tern_transport_arm(comm->tp) == TERN_OK;
         tern__comm_unlock(comm);
         tern__comm_coll_poll(comm, true);
-        if (comm->rpc_poll != NULL && atomic_load_explicit(&comm->rpc_timers, memory_order_relaxed))
-            comm->rpc_poll(comm);
+        if (atomic_load_explicit(&comm->rpc_timers, memory_order_relaxed) != 0) {
+            tern__rpc_poll_fn poll_fn = atomic_load_explicit(&comm->rpc_poll, memory_order_acquire);
+            if (poll_fn != NULL)
+                poll_fn(comm);
+        }
         if (atomic_load_explicit(done, memory_order_acquire))
             break;
         if (helper && tern__pool_run_one(pool))

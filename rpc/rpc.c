@@ -3012,7 +3012,7 @@ static void rpc_fini(tern__comm_t *comm)
     tern__comm_lock(comm);
     tern__comm_set_handler(comm, TERN_IMM_RPC_REQUEST, NULL, NULL);
     tern__comm_set_handler(comm, TERN_IMM_RPC_REPLY, NULL, NULL);
-    comm->rpc_poll = NULL;
+    atomic_store_explicit(&comm->rpc_poll, NULL, memory_order_release);
     comm->rpc_peer_lost = NULL;
     comm->rpc_fini = NULL;
     comm->rpc_state = NULL;
@@ -3218,7 +3218,7 @@ tern_status_t tern_rpc_init(tern_ctx_t *ctx, const char *name, const tern_rpc_op
     /* Every rank installs its handlers before any call can reach it. */
     tern__comm_lock(comm);
     comm->rpc_state = rpc;
-    comm->rpc_poll = rpc_poll;
+    atomic_store_explicit(&comm->rpc_poll, rpc_poll, memory_order_release);
     comm->rpc_peer_lost = rpc_peer_lost;
     comm->rpc_fini = rpc_fini;
     tern__comm_set_handler(comm, TERN_IMM_RPC_REQUEST, on_message, rpc);
