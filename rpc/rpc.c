@@ -1808,16 +1808,22 @@ static tern_status_t take_reply_rrefs(rpc_t *rpc, const hdr_t *h, const uint8_t 
     return take_rrefs(rpc, data + HDR + pad8(h->text_len), h->nrrefs, out);
 }
 
-/* Fail f for a reply it cannot read (lock held). Results the target holds
- * for the caller to pull are released all the same: it would keep them, and
- * its shutdown would wait for them, for ever. */
-static void reply_malformed(rpc_t *rpc, tern_future_t *f, const hdr_t *h, tern_status_t st,
-                            char *error)
+/* A reply h from target whose results nobody will pull (lock held): the
+ * target may hold them for the caller, and would keep them, and its shutdown
+ * wait for them, for ever. */
+static void release_unread(rpc_t *rpc, int target, const hdr_t *h)
 {
     if (h->ntensors > 0) {
         hdr_t rel = {.type = M_RELEASE, .call_id = h->call_id};
-        send_ctl(rpc, f->target, &rel);
+        send_ctl(rpc, target, &rel);
     }
+}
+
+/* Fail f for a reply it cannot read (lock held). */
+static void reply_malformed(rpc_t *rpc, tern_future_t *f, const hdr_t *h, tern_status_t st,
+                            char *error)
+{
+    release_unread(rpc, f->target, h);
     future_complete(rpc, f, st, error);
 }
 
@@ -1842,10 +1848,7 @@ static void handle_reply(rpc_t *rpc, int src, const hdr_t *h, const uint8_t *dat
             tern_warn("rpc: a late reply from %s has RRefs it cannot give back: %s",
                       wname(rpc, src), tern_last_error());
         }
-        if (h->ntensors > 0) {
-            hdr_t rel = {.type = M_RELEASE, .call_id = h->call_id};
-            send_ctl(rpc, src, &rel);
-        }
+        release_unread(rpc, src, h);
         return;
     }
     /* The target's profiler events ride at the end. */

@@ -129,11 +129,6 @@ typedef struct mcase {
     const char *text;     /* for E_ERROR: in the future's error, or NULL */
 } mcase_t;
 
-static void set16(uint8_t **m, size_t *len, const layout_t *l, long off)
-{
-    (void)len, (void)l;
-    tern__put_le16(*m + off, 0xffff);
-}
 
 static void cut(uint8_t **m, size_t *len, const layout_t *l, long to)
 {
@@ -152,8 +147,14 @@ static void grow(uint8_t **m, size_t *len, const layout_t *l, long by)
     *len += (size_t)by;
 }
 
-/* arg: offset << 32 | value, for the header's 32-bit fields. */
+/* arg: offset << 32 | value, for the header's 16- and 32-bit fields. */
 #define AT(off, v) (((long)(off) << 32) | (long)(uint32_t)(v))
+static void hdr16(uint8_t **m, size_t *len, const layout_t *l, long arg)
+{
+    (void)len, (void)l;
+    tern__put_le16(*m + (arg >> 32), (uint16_t)arg);
+}
+
 static void hdr32(uint8_t **m, size_t *len, const layout_t *l, long arg)
 {
     (void)len, (void)l;
@@ -218,8 +219,9 @@ static void type_call(uint8_t **m, size_t *len, const layout_t *l, long unused)
 
 static const mcase_t cases[] = {
     /* requests: the counts and lengths of the header */
-    MALFORMED("name length 0xffff", W_REQUEST, B_SMALL, set16, OFF_TEXT_LEN, "counts or lengths"),
-    MALFORMED("name length 64", W_REQUEST, B_SMALL, hdr32, AT(0, M_CALL | 64 << 16),
+    MALFORMED("name length 0xffff", W_REQUEST, B_SMALL, hdr16, AT(OFF_TEXT_LEN, 0xffff),
+              "counts or lengths"),
+    MALFORMED("name length 64", W_REQUEST, B_SMALL, hdr16, AT(OFF_TEXT_LEN, 64),
               "counts or lengths"),
     MALFORMED("65 tensors", W_REQUEST, B_SMALL, hdr32, AT(OFF_NTENSORS, 65), "counts or lengths"),
     MALFORMED("2^32-1 tensors", W_REQUEST, B_SMALL, hdr32, AT(OFF_NTENSORS, -1),
@@ -263,8 +265,8 @@ static const mcase_t cases[] = {
     DROPPED("request of 63 bytes", W_REQUEST, B_SMALL, cut, HDR - 1),
 
     /* replies */
-    MALFORMED("reply: error text of 0xffff bytes", W_REPLY, B_SMALL, set16, OFF_TEXT_LEN,
-              "malformed reply"),
+    MALFORMED("reply: error text of 0xffff bytes", W_REPLY, B_SMALL, hdr16,
+              AT(OFF_TEXT_LEN, 0xffff), "malformed reply"),
     MALFORMED("reply: 65 tensors", W_REPLY, B_SMALL, hdr32, AT(OFF_NTENSORS, 65), "malformed reply"),
     MALFORMED("reply: one tensor more", W_REPLY, B_SMALL, ntensors_plus, 1, "message cut short"),
     MALFORMED("reply: a blob over the limit", W_REPLY, B_SMALL, hdr32,
