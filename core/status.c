@@ -55,11 +55,17 @@ const char *tern_last_error(void)
     return last_error;
 }
 
+/* Formatted aside first: callers wrap the error before it ("%s: %s",
+ * what, tern_last_error()), and vsnprintf into the buffer it reads from is
+ * undefined (it garbled "RRef 0: RRef argument..." into "RRef 0: RRef 0:
+ * ument..."). */
 static tern_status_t record(tern_status_t status, const char *sys, const char *fmt, va_list ap)
 {
-    int n = vsnprintf(last_error, sizeof(last_error), fmt, ap);
-    if (sys != NULL && n >= 0 && (size_t)n < sizeof(last_error))
-        snprintf(last_error + n, sizeof(last_error) - (size_t)n, ": %s", sys);
+    char buf[TERN__ERROR_MAX];
+    int n = vsnprintf(buf, sizeof(buf), fmt, ap);
+    if (sys != NULL && n >= 0 && (size_t)n < sizeof(buf))
+        snprintf(buf + n, sizeof(buf) - (size_t)n, ": %s", sys);
+    memcpy(last_error, buf, sizeof(buf));
     tern_debug("%s (%s)", last_error, tern_status_name(status));
     return status;
 }

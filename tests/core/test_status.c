@@ -67,6 +67,29 @@ static void test_error_detail(void **state)
     assert_string_equal(tern_last_error(), "connect to h:1: Connection refused");
 }
 
+/* Callers wrap the error before theirs in their own: the detail is read
+ * whole before it is overwritten, and a wrap past the limit is cut, not
+ * overrun. */
+static void test_error_wraps_the_last(void **state)
+{
+    (void)state;
+    tern__error(TERN_ERR_PROTOCOL, "RRef argument names rank %d", 7);
+    tern__error(TERN_ERR_PROTOCOL, "RRef %u: %s", 0u, tern_last_error());
+    tern__error(TERN_ERR_PROTOCOL, "arguments: %s", tern_last_error());
+    assert_string_equal(tern_last_error(), "arguments: RRef 0: RRef argument names rank 7");
+    tern__error_errno(TERN_ERR_IO, EPIPE, "send: %s", tern_last_error());
+    assert_string_equal(tern_last_error(),
+                        "send: arguments: RRef 0: RRef argument names rank 7: Broken pipe");
+    char longer[TERN__ERROR_MAX + 64];
+    memset(longer, 'x', sizeof(longer) - 1);
+    longer[sizeof(longer) - 1] = '\0';
+    tern__error(TERN_ERR_IO, "%s", longer);
+    for (int i = 0; i < 3; i++)
+        tern__error(TERN_ERR_IO, "wrap %d: %s", i, tern_last_error());
+    assert_int_equal(strlen(tern_last_error()), TERN__ERROR_MAX - 1);
+    assert_memory_equal(tern_last_error(), "wrap 2: wrap 1: wrap 0: xxx", 27);
+}
+
 static void test_errno_mapping(void **state)
 {
     (void)state;
@@ -106,6 +129,7 @@ int main(void)
         cmocka_unit_test(test_codes_are_unique),
         cmocka_unit_test(test_status_from_wire),
         cmocka_unit_test(test_error_detail),
+        cmocka_unit_test(test_error_wraps_the_last),
         cmocka_unit_test(test_errno_mapping),
         cmocka_unit_test(test_detail_is_per_thread),
     };
