@@ -1291,7 +1291,49 @@ static void dispatch(rpc_t *rpc, call_t *c)
     }
 }
 
-/* Parse one RRef argument and take its fork (lock held). */
+/*
+ * An RRef argument this worker will not take (its request was refused, or
+ * taking it failed before anything was recorded): settle its fork as if it
+ * were taken and dropped at once (lock held). Its sender's child then hears
+ * the owner's ACCEPT and the owner forgets the fork: left alone, the sender
+ * would keep its own fork, and so the object, alive, and its graceful
+ * shutdown would wait for the ACCEPT for ever. Only messages: a refusal may
+ * come after this worker's owners are torn down. A record that names no
+ * rank cannot be settled.
+ */
+static void settle_rref(rpc_t *rpc, const uint8_t *p)
+{
+    int owner = (int)tern__get_le32(p);
+    uint32_t flags = tern__get_le32(p + 4);
+    uint64_t id = tern__get_le64(p + 8), fork = tern__get_le64(p + 16);
+    int parent = (int)tern__get_le32(p + 24);
+    if (owner < 0 || owner >= rpc->world || parent < 0 || parent >= rpc->world)
+        return;
+    hdr_t del = {.type = M_DELETE, .target = id, .aux1 = fork};
+    if (flags & RA_REGISTERED) { /* the owner recorded the fork for this worker */
+        send_ctl(rpc, owner, &del);
+    } else if (!(flags & RA_CHILD)) {
+        return; /* nobody waits on it */
+    } else if (owner == rpc->rank) {
+        hdr_t acc = {.type = M_ACCEPT, .target = id, .aux1 = fork};
+        send_ctl(rpc, parent, &acc);
+    } else {
+        /* The owner accepts the fork to the parent, then drops it: the two
+         * go on one connection, in order. */
+        hdr_t h = {.type = M_FORK, .target = id, .aux1 = fork, .aux2 = (uint64_t)parent};
+        if (send_ctl(rpc, owner, &h) == TERN_OK)
+            send_ctl(rpc, owner, &del);
+    }
+}
+
+static void settle_rrefs(rpc_t *rpc, const uint8_t *p, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++, p += RREF_WIRE)
+        settle_rref(rpc, p);
+}
+
+/* Parse one RRef argument and take its fork (lock held). A failure leaves
+ * the fork settled where this worker could record nothing. */
 static tern_status_t take_rref(rpc_t *rpc, const uint8_t *p, tern_rref_t **out)
 {
     int owner = (int)tern__get_le32(p);
@@ -1301,33 +1343,38 @@ static tern_status_t take_rref(rpc_t *rpc, const uint8_t *p, tern_rref_t **out)
     if (owner < 0 || owner >= rpc->world || parent < 0 || parent >= rpc->world)
         return tern__error(TERN_ERR_PROTOCOL, "RRef argument names rank %d", owner);
     tern_rref_t *r = rref_new(rpc, owner, id, fork);
-    if (r == NULL)
+    if (r == NULL) {
+        settle_rref(rpc, p);
         return tern__error(TERN_ERR_NO_MEMORY, "rpc: out of memory");
-    tern_status_t st = TERN_OK;
+    }
     if (owner == rpc->rank) {
         owner_t *o = owner_get(rpc, id);
-        if (o == NULL)
-            st = tern__error(TERN_ERR_NO_MEMORY, "rpc: out of memory");
-        else if (!(flags & RA_REGISTERED))
-            st = owner_add_fork(o, fork, rpc->rank);
-        if (st == TERN_OK && (flags & RA_CHILD)) {
+        if (o == NULL ||
+            (!(flags & RA_REGISTERED) && owner_add_fork(o, fork, rpc->rank) != TERN_OK)) {
+            free(r);
+            settle_rref(rpc, p);
+            return tern__error(TERN_ERR_NO_MEMORY, "rpc: out of memory");
+        }
+        if (flags & RA_CHILD) {
             hdr_t h = {.type = M_ACCEPT, .target = id, .aux1 = fork};
             send_ctl(rpc, parent, &h);
         }
     } else if (flags & RA_CHILD) {
+        /* Not settled on a failure: the owner is out of reach. */
         hdr_t h = {.type = M_FORK, .target = id, .aux1 = fork, .aux2 = (uint64_t)parent};
-        st = send_ctl(rpc, owner, &h);
-    }
-    if (st != TERN_OK) {
-        free(r);
-        return st;
+        tern_status_t st = send_ctl(rpc, owner, &h);
+        if (st != TERN_OK) {
+            free(r);
+            return st;
+        }
     }
     *out = r;
     return TERN_OK;
 }
 
 /* Take n RRefs of a message starting at p (lock held; the caller checked that
- * they fit) into *out, NULL for none. On an error those taken are released. */
+ * they fit) into *out, NULL for none. On an error those taken are released
+ * and those not reached settled. */
 static tern_status_t take_rrefs(rpc_t *rpc, const uint8_t *p, uint32_t n, tern_rref_t ***out)
 {
     *out = NULL;
@@ -1339,11 +1386,13 @@ static tern_status_t take_rrefs(rpc_t *rpc, const uint8_t *p, uint32_t n, tern_r
     for (uint32_t i = 0; i < n; i++, p += RREF_WIRE) {
         tern_status_t st = take_rref(rpc, p, &rs[i]);
         if (st != TERN_OK) {
-            tern__error(st, "RRef %u: %s", i, tern_last_error());
-            while (i-- > 0)
-                rref_drop_locked(rpc, rs[i]);
+            char why[MAX_ERROR];
+            snprintf(why, sizeof(why), "%s", tern_last_error());
+            settle_rrefs(rpc, p + RREF_WIRE, n - i - 1);
+            for (uint32_t k = 0; k < i; k++)
+                rref_drop_locked(rpc, rs[k]);
             free(rs);
-            return st;
+            return tern__error(st, "RRef %u: %s", i, why);
         }
     }
     *out = rs;
@@ -1373,6 +1422,7 @@ static void handle_request(rpc_t *rpc, int src, uint32_t imm, const hdr_t *h,
     char why[MAX_ERROR];
     call_t *c = NULL;
     tin_t *tin = NULL;
+    const uint8_t *rrefs_at = NULL; /* RRef arguments neither taken nor settled */
 
     if (h->text_len > TERN_RPC_NAME_MAX || h->ntensors > MAX_TENSORS ||
         h->nrrefs > MAX_RREFS || h->blob_len > MAX_BLOB ||
@@ -1381,6 +1431,8 @@ static void handle_request(rpc_t *rpc, int src, uint32_t imm, const hdr_t *h,
         snprintf(why, sizeof(why), "malformed request (counts or lengths out of range)");
         goto fail;
     }
+    /* From here the RRef arguments are readable: a refusal settles them. */
+    rrefs_at = p + pad8(h->text_len);
     if ((c = calloc(1, sizeof(*c))) == NULL) {
         st = TERN_ERR_NO_MEMORY;
         snprintf(why, sizeof(why), "out of memory");
@@ -1401,7 +1453,6 @@ static void handle_request(rpc_t *rpc, int src, uint32_t imm, const hdr_t *h,
         snprintf(why, sizeof(why), "%s is shut down", rpc->names[rpc->rank]);
         goto fail;
     }
-
     /* The RRef it fills, first: whatever fails from here on is recorded in it. */
     if (h->type == M_REMOTE) {
         owner_t *o = owner_get(rpc, h->aux1);
@@ -1418,6 +1469,20 @@ static void handle_request(rpc_t *rpc, int src, uint32_t imm, const hdr_t *h,
         o->busy++;
         c->made = o;
     }
+    /* The RRef arguments before anything that can refuse the call (an
+     * unknown function, say): the call then drops them as it ends, which
+     * settles them with their owners. */
+    st = take_rrefs(rpc, p, h->nrrefs, &c->rrefs);
+    rrefs_at = NULL; /* taken, or released and settled */
+    if (st != TERN_OK) {
+        snprintf(why, sizeof(why), "arguments: %s", tern_last_error());
+        goto fail;
+    }
+    c->nrrefs = h->nrrefs;
+    p += (size_t)h->nrrefs * RREF_WIRE;
+    c->value.rrefs = c->rrefs;
+    c->value.nrrefs = c->nrrefs;
+
     /* What it runs on, and what it runs. */
     if (h->target != 0) {
         if ((c->self = owner_get(rpc, h->target)) == NULL) {
@@ -1443,14 +1508,6 @@ static void handle_request(rpc_t *rpc, int src, uint32_t imm, const hdr_t *h,
         snprintf(why, sizeof(why), "out of memory");
         goto fail;
     }
-    if ((st = take_rrefs(rpc, p, h->nrrefs, &c->rrefs)) != TERN_OK) {
-        snprintf(why, sizeof(why), "arguments: %s", tern_last_error());
-        goto fail;
-    }
-    c->nrrefs = h->nrrefs;
-    p += (size_t)h->nrrefs * RREF_WIRE;
-    c->value.rrefs = c->rrefs;
-    c->value.nrrefs = c->nrrefs;
     /* Inline payloads and the blob stay in a copy of the message. */
     bool keep = h->ntensors > 0 || h->blob_len > 0;
     if (keep && (c->msg = malloc(len)) == NULL) {
@@ -1504,6 +1561,8 @@ static void handle_request(rpc_t *rpc, int src, uint32_t imm, const hdr_t *h,
 
 fail:
     free(tin);
+    if (rrefs_at != NULL)
+        settle_rrefs(rpc, rrefs_at, h->nrrefs);
     if (c == NULL) {
         refuse(rpc, src, h, st, why);
         return;
@@ -1575,8 +1634,15 @@ static void reply(rpc_t *rpc, call_t *c, tern_status_t st)
         if (st != TERN_OK) {
             o->state = O_FAILED;
             o->status = st;
-            o->error = dup_printf("%s: %s: %s", rpc->names[rpc->rank], c->name,
-                                  c->error ? c->error : tern_strerror(st));
+            /* Every reply that passes this on is prefixed with this
+             * worker's name already; the function's name, unless the
+             * error starts with it (an unknown function). */
+            const char *why = c->error ? c->error : tern_strerror(st);
+            size_t nl = strlen(c->name);
+            if (strncmp(why, c->name, nl) == 0 && why[nl] == ':')
+                o->error = strdup(why);
+            else
+                o->error = dup_printf("%s: %s", c->name, why);
         }
         owner_settle(rpc, o);
         /* the caller hears only the status: it releases the arguments */

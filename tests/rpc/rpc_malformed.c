@@ -18,6 +18,8 @@
  * each case; results held for a caller that could not read its reply must
  * be released; and the job ends in a graceful shutdown, which waits for
  * exactly that and for every message sent to be counted as received.
+ * A call whose first RRef argument names a rank that does not exist is
+ * refused, and the RRefs after it are still settled with their owners.
  * Ids (call id, RRef ids, type) are left alone by the random changes: a
  * message that names another call is a different message, not a malformed
  * one.
@@ -29,6 +31,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <tern/tern.h>
 
@@ -310,6 +313,7 @@ typedef struct armed {
     _Atomic long cut_to; /* > 0: cut the message to this length */
     _Atomic long flip;   /* > 0: byte (flip - 1) gets flip_val */
     _Atomic int flip_val;
+    _Atomic int rref0_owner; /* > 0: RRef argument 0 names this rank */
 } armed_t;
 
 static armed_t for_request, for_reply;
@@ -322,7 +326,11 @@ static uint8_t *hook(void *arg, int dst, uint8_t *buf, size_t *len)
         return buf;
     int k = atomic_exchange(&a->kase, 0);
     long to = atomic_exchange(&a->cut_to, 0), flip = atomic_exchange(&a->flip, 0);
-    if (k > 0) {
+    int owner = atomic_exchange(&a->rref0_owner, 0);
+    if (owner > 0) {
+        CHECK(tern__get_le32(buf + OFF_NRREFS) > 0, "no RRef argument to change");
+        tern__put_le32(buf + HDR + pad8(tern__get_le16(buf + OFF_TEXT_LEN)), (uint32_t)owner);
+    } else if (k > 0) {
         layout_t l;
         walk(buf, *len, &l);
         cases[k - 1].fn(&buf, len, &l, cases[k - 1].arg);
@@ -406,6 +414,14 @@ static tern_status_t fn_many_ranges(tern_rpc_call_t *call)
         tern_prof_range_end(tern_prof_range_begin(name));
     }
     return TERN_OK;
+}
+
+/* owned: how many RRefs the victim owns, as a decimal blob. */
+static tern_status_t fn_owned(tern_rpc_call_t *call)
+{
+    char n[24];
+    int len = snprintf(n, sizeof(n), "%zu", tern_rpc_owned_count(tern_rpc_call_ctx(call)));
+    return tern_rpc_call_return_blob(call, n, (size_t)len);
 }
 
 /* ---- rank 0 ---- */
@@ -594,6 +610,70 @@ static void events_overflow(void)
     CHECK(remote > RANGES / 2 && remote < RANGES, "%zu remote events of %d", remote, RANGES);
 }
 
+static size_t victim_owns(void)
+{
+    tern_future_t *f = NULL;
+    OK(tern_rpc_sync(ctx, "victim", "owned", NULL, 10 * SEC, &f));
+    const tern_rpc_value_t *v = tern_future_value(f);
+    char n[24] = {0};
+    memcpy(n, v->blob, v->blob_len < sizeof(n) - 1 ? v->blob_len : sizeof(n) - 1);
+    tern_future_free(f);
+    return (size_t)strtoull(n, NULL, 10);
+}
+
+/* Poll until *count() of what this or the victim owns is want. */
+static void poll_count(size_t (*count)(void), size_t want, const char *what)
+{
+    size_t n = 0;
+    for (int i = 0; i < 1000 && (n = count()) != want; i++) {
+        struct timespec ts = {0, 10 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    CHECK(n == want, "%s: %zu owned, want %zu", what, n, want);
+}
+
+static size_t here_owns(void)
+{
+    return tern_rpc_owned_count(ctx);
+}
+
+/*
+ * A call whose first RRef argument names rank 7 (of 2): the victim refuses
+ * it, and settles the RRefs it could read. Argument 0 (a fork this rank
+ * registered for the victim) cannot be settled: its value stays here until
+ * shutdown. Argument 1, the victim's own value passed back to it, is a child
+ * this rank waits on: the victim accepts it, this rank's DELETE follows and
+ * the value goes (else graceful shutdown would wait for ever). Argument 2 is
+ * settled with a DELETE back here.
+ */
+static void bad_rref_record(void)
+{
+    tern_rpc_args_t av = args_of(B_SMALL, BLOB, sizeof(BLOB));
+    tern_rref_t *rr, *la, *lb;
+    tern_future_t *f = NULL;
+    size_t mine0 = here_owns(), theirs0 = victim_owns();
+    OK(tern_remote(ctx, "victim", "small", &av, 10 * SEC, &rr));
+    OK(tern_rref_to_here(rr, 10 * SEC, &f));
+    tern_future_free(f);
+    CHECK(victim_owns() == theirs0 + 1, "the victim owns the value");
+    OK(tern_rref_local(ctx, &av, &la));
+    OK(tern_rref_local(ctx, &av, &lb));
+    tern_rref_t *const rs[3] = {la, rr, lb};
+    tern_rpc_args_t a = av;
+    a.rrefs = rs;
+    a.nrrefs = 3;
+    atomic_store(&for_request.rref0_owner, 7);
+    tern_status_t st = tern_rpc_sync(ctx, "victim", "small", &a, 10 * SEC, &f);
+    CHECK(st == TERN_ERR_PROTOCOL && strstr(tern_last_error(), "RRef argument names rank 7"),
+          "RRef 0 names rank 7: %s (%s)", tern_status_name(st), tern_last_error());
+    tern_rref_release(rr);
+    tern_rref_release(la);
+    tern_rref_release(lb);
+    poll_count(victim_owns, theirs0, "RRef 1 settled: the victim's value is freed");
+    poll_count(here_owns, mine0 + 1, "RRef 2 settled, RRef 0 kept");
+    control("an RRef naming rank 7");
+}
+
 static int rank0(void)
 {
     big_buf = calloc(BIG, sizeof(float));
@@ -615,6 +695,7 @@ static int rank0(void)
     printf("%u cuts\n", cuts);
     sweep_random(2000, req);
     events_overflow();
+    bad_rref_record();
     free(big_buf);
     return 0;
 }
@@ -626,6 +707,7 @@ int main(void)
     OK(tern_rpc_register("mangle", fn_mangle));
     OK(tern_rpc_register("cut_reply", fn_cut_reply));
     OK(tern_rpc_register("many_ranges", fn_many_ranges));
+    OK(tern_rpc_register("owned", fn_owned));
     if (tern_init(NULL, &ctx) != TERN_OK) {
         fprintf(stderr, "tern_init: %s\n", tern_last_error());
         return 1;

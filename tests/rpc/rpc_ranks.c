@@ -13,7 +13,8 @@
  * pool has threads), remote objects and value RRefs, RRefs passed to a third
  * worker and reclaimed, RRefs returned in results (from their owner, back to
  * it, from a third worker's object; reclaimed after a timed-out or dropped
- * reply and a failed handler), handlers that block on calls to their own worker
+ * reply and a failed handler), RRefs passed to calls the target refuses,
+ * handlers that block on calls to their own worker
  * (last: a failure there is reported at the end, after the rest has run),
  * graceful shutdown.
  *
@@ -1657,12 +1658,22 @@ static void test_objects(int w)
           "to_here of a failed remote");
     tern_rref_release(bad);
     OK(tern_remote(ctx, to, "Counter", &notnum, 0, &bad));
+    char want[128];
+    snprintf(want, sizeof(want), "%s: get: Counter: ", to);
     CHECK(tern_rref_rpc_sync(bad, "get", NULL, 0, &f) == TERN_ERR_INVALID_PARAM &&
+              strncmp(tern_last_error(), want, strlen(want)) == 0 &&
               strstr(tern_last_error(), "bad initial value") != NULL,
-          "a method on an object whose constructor failed");
+          "a method on an object whose constructor failed: '%s'", tern_last_error());
     tern_rref_release(bad);
     OK(tern_remote(ctx, to, "nosuch", NULL, 0, &bad));
-    CHECK(tern_rref_to_here(bad, 0, &f) == TERN_ERR_NOT_FOUND, "to_here of an unknown function");
+    snprintf(want, sizeof(want), "%s: nosuch: no such function", to);
+    CHECK(tern_rref_to_here(bad, 0, &f) == TERN_ERR_NOT_FOUND &&
+              strcmp(tern_last_error(), want) == 0,
+          "to_here of an unknown function: '%s', want '%s'", tern_last_error(), want);
+    snprintf(want, sizeof(want), "%s: get: nosuch: no such function", to);
+    CHECK(tern_rref_rpc_sync(bad, "get", NULL, 0, &f) == TERN_ERR_NOT_FOUND &&
+              strcmp(tern_last_error(), want) == 0,
+          "a method on an unknown function's RRef: '%s', want '%s'", tern_last_error(), want);
     tern_rref_release(bad);
     CHECK(tern_remote(ctx, to, "a b", NULL, 0, &bad) == TERN_ERR_INVALID_PARAM, "a bad name");
     CHECK(tern_remote(ctx, "nobody-has-this", "Counter", &init, 0, &bad) == TERN_ERR_NOT_FOUND,
@@ -1760,6 +1771,54 @@ static void test_rref_third(void)
     }
     poll_owned(1, 0, gone0 + 11, "after the fresh RRefs");
 
+}
+
+/*
+ * RRefs passed to a call the target refuses before running anything (no such
+ * function, here): the target still settles each with its owner, so the
+ * owner frees the object once every handle is gone, and graceful shutdown
+ * does not wait for ever on a fork nobody will accept. w owns the object;
+ * each case refuses the call on another worker: the owner itself (the child
+ * is accepted there), a third one (FORK then DELETE to the owner), and the
+ * owner registered by this rank (a local RRef: DELETE back here), and a
+ * tern_remote of no such function, which records the refusal in its RRef.
+ */
+static void test_rref_refused(int w)
+{
+    const char *owner = names[w];
+    size_t o, mine0 = tern_rpc_owned_count(ctx);
+    int made0, gone0, made, gone;
+    tern_rpc_args_t init = S("5");
+    owned_on(w, &o, &made0, &gone0);
+    for (int t = 0; t < world; t++) {
+        if (t == rank)
+            continue;
+        tern_rref_t *rr, *lr, *bad;
+        tern_future_t *f;
+        OK(tern_remote(ctx, owner, "Counter", &init, TERN_RPC_TIMEOUT_DEFAULT, &rr));
+        f = rref_call(rr, "get", "");
+        tern_future_free(f); /* built: the refusals below cannot overtake it */
+        tern_rpc_args_t lv = S("local");
+        OK(tern_rref_local(ctx, &lv, &lr));
+        tern_rref_t *const both[2] = {rr, lr};
+        tern_rpc_args_t a = {.rrefs = both, .nrrefs = 2};
+        expect_err(names[t], "no_such_function", &a, TERN_ERR_NOT_FOUND, "no such function");
+        OK(tern_remote(ctx, names[t], "no_such_function", &a, TERN_RPC_TIMEOUT_DEFAULT, &bad));
+        CHECK(tern_rref_to_here(bad, TERN_RPC_TIMEOUT_DEFAULT, &f) == TERN_ERR_NOT_FOUND &&
+                  f == NULL,
+              "to_here of a remote of no such function on %s", names[t]);
+        tern_rref_release(bad);
+        tern_rref_release(rr);
+        tern_rref_release(lr);
+        /* The object goes only when the refusals settled this rank's
+         * children, and the local value when the target dropped its forks. */
+        poll_owned(w, o, gone0 + 1, "refused on another worker: the object is freed");
+        gone0++;
+        poll_owned_here(mine0, "refused on another worker: the local RRef is freed");
+        printf("rank 0: RRefs refused by %s settled\n", names[t]);
+    }
+    owned_on(w, &o, &made, &gone);
+    CHECK(made == made0 + world - 1, "%s made %d objects, want %d", owner, made - made0, world - 1);
 }
 
 /* The number of make_rrefs handlers that have returned on worker r. */
@@ -2400,6 +2459,7 @@ int main(int argc, char **argv)
         test_objects(1);
         if (world >= 3)
             test_rref_third();
+        test_rref_refused(1);
         test_rref_results(0);
         test_rref_results(1);
         if (world >= 3)
