@@ -574,8 +574,13 @@ static wait_end_t wait_loop(tern__comm_t *comm, atomic_int *done, int64_t timeou
     waiter_beat(comm);
     while (!atomic_load_explicit(done, memory_order_acquire)) {
         if (!locked && !tern__comm_trylock(comm)) {
-            /* Another waiter is progressing; it will complete ours too. */
-            sched_yield();
+            /* Another waiter is progressing; it will complete ours too. A
+             * pool worker runs a queued task meanwhile: it may be the very
+             * handler ours waits for, and while the other thread polls on
+             * (an RPC shutdown waiting for quiet, say) no lock round ever
+             * comes free for this one (up to 2 s of stalls seen). */
+            if (!(helper && tern__pool_run_one(pool)))
+                sched_yield();
             continue;
         }
         locked = false; /* this round's hold is let go (or kept) below */

@@ -218,6 +218,7 @@ struct rpc {
     unsigned threads, window;
     size_t eager_limit, max_send;
     bool closed;
+    bool agreed; /* closed by a graceful shutdown every worker agreed on */
     /* calls out */
     tern_future_t *inflight;   /* by call id */
     unsigned *window_used;     /* [world] */
@@ -580,10 +581,14 @@ static tern_rref_t *rref_new(rpc_t *rpc, int owner, uint64_t id, uint64_t fork)
     return r;
 }
 
-/* The last handle is gone and no child is pending: tell the owner (lock held). */
+/* The last handle is gone and no child is pending: tell the owner (lock
+ * held). After a graceful shutdown every owner has destroyed its objects,
+ * and this worker's own are gone once it is closed; but a worker closed
+ * alone (tern_rpc_shutdown(ctx, 0)) still tells the others, which may go on
+ * for long and would keep the object for ever. */
 static void rref_finish(rpc_t *rpc, tern_rref_t *r)
 {
-    if (!rpc->closed) {
+    if (!rpc->agreed && !(rpc->closed && r->owner == rpc->rank)) {
         hdr_t h = {.type = M_DELETE, .target = r->id, .aux1 = r->fork};
         tern_status_t st = send_ctl(rpc, r->owner, &h);
         if (st != TERN_OK && rpc->comm->peer_failed[r->owner] == TERN_OK)
@@ -652,6 +657,12 @@ static tern_status_t rrefs_pack(rpc_t *rpc, int dst, tern_rref_t *const *rrefs, 
         out->reg_owner[i] = NULL;
         if (r == NULL || r->rpc != rpc) {
             st = tern__error(TERN_ERR_INVALID_PARAM, "%s RRef %zu is not of this worker", what, i);
+            break;
+        }
+        if (rpc->comm->peer_failed[r->owner] != TERN_OK) {
+            /* Its object is gone, and a child of it would wait for ever. */
+            st = tern__error(TERN_ERR_PEER_LOST, "%s RRef %zu: its owner %s (rank %d) was lost",
+                             what, i, wname(rpc, r->owner), r->owner);
             break;
         }
         if (r->owner == rpc->rank) {
@@ -1347,7 +1358,14 @@ static tern_status_t take_rref(rpc_t *rpc, const uint8_t *p, tern_rref_t **out)
         settle_rref(rpc, p);
         return tern__error(TERN_ERR_NO_MEMORY, "rpc: out of memory");
     }
-    if (owner == rpc->rank) {
+    if (owner == rpc->rank && rpc->closed) {
+        /* Its owners are torn down: nothing to record (rref_finish sends
+         * nothing for it either), but a sender's child still waits. */
+        if (flags & RA_CHILD) {
+            hdr_t h = {.type = M_ACCEPT, .target = id, .aux1 = fork};
+            send_ctl(rpc, parent, &h);
+        }
+    } else if (owner == rpc->rank) {
         owner_t *o = owner_get(rpc, id);
         if (o == NULL ||
             (!(flags & RA_REGISTERED) && owner_add_fork(o, fork, rpc->rank) != TERN_OK)) {
@@ -2025,6 +2043,11 @@ static void handle_ctl(rpc_t *rpc, int src, const hdr_t *h)
                       (unsigned long long)h->aux2);
             return;
         }
+        hdr_t a = {.type = M_ACCEPT, .target = h->target, .aux1 = h->aux1};
+        if (rpc->closed) { /* the object is gone: accept, record nothing */
+            send_ctl(rpc, (int)h->aux2, &a);
+            return;
+        }
         owner_t *o = owner_get(rpc, h->target);
         if (o == NULL) {
             tern_error("rpc: out of memory for a fork of RRef %#llx",
@@ -2034,7 +2057,6 @@ static void handle_ctl(rpc_t *rpc, int src, const hdr_t *h)
         if (owner_add_fork(o, h->aux1, src) != TERN_OK)
             tern_error("rpc: cannot record a fork of RRef %#llx: the object may be freed early",
                        (unsigned long long)h->target);
-        hdr_t a = {.type = M_ACCEPT, .target = h->target, .aux1 = h->aux1};
         send_ctl(rpc, (int)h->aux2, &a);
         return;
     }
@@ -2121,12 +2143,16 @@ static void on_message(tern__comm_t *comm, const tern_event_t *ev, void *arg)
 
 /* ---- calls out ---- */
 
-/* Wait (lock NOT held) until a call to dst fits in the window. */
-static tern_status_t window_wait(rpc_t *rpc, int dst)
+/* Wait (lock NOT held) until a call to dst fits in the window, or until
+ * deadline (a clock time; 0: none) passes: the wait is part of the call's
+ * timeout. Nested calls that come back to a worker whose window is full of
+ * their own ancestors would otherwise wait for each other for ever. */
+static tern_status_t window_wait(rpc_t *rpc, int dst, uint64_t deadline)
 {
     tern__comm_t *comm = rpc->comm;
     atomic_int never = 0;
     bool blocked = false;
+    tern_status_t st = TERN_OK;
     for (;;) {
         tern__comm_lock(comm);
         bool fits = rpc->window_used[dst] < rpc->window || rpc->closed ||
@@ -2134,12 +2160,16 @@ static tern_status_t window_wait(rpc_t *rpc, int dst)
         tern__comm_unlock(comm);
         if (fits)
             break;
+        if (deadline != 0 && tern_clock_ns() >= deadline) {
+            st = TERN_ERR_TIMEOUT;
+            break;
+        }
         if (!blocked)
             blocked = handler_block(rpc);
         tern__comm_wait(comm, &never, 0);
     }
     handler_unblock(rpc, blocked);
-    return TERN_OK;
+    return st;
 }
 
 /* Encode and send one request (lock held); f, its future, goes in the table. */
@@ -2256,21 +2286,28 @@ static tern_status_t call_out(rpc_t *rpc, int dst, uint8_t type, uint64_t target
                               tern_future_t **out)
 {
     tern__comm_t *comm = rpc->comm;
-    tern_status_t st = window_wait(rpc, dst);
-    if (st != TERN_OK)
-        return st;
+    if (timeout_ns == TERN_RPC_TIMEOUT_DEFAULT)
+        timeout_ns = rpc->timeout_ns;
+    uint64_t start = timeout_ns > 0 ? tern_clock_ns() : 0;
+    if (window_wait(rpc, dst, timeout_ns > 0 ? start + (uint64_t)timeout_ns : 0) != TERN_OK)
+        return tern__error(TERN_ERR_TIMEOUT,
+                           "%s '%s' on %s: no room after %lld ms (%u calls in flight to it, "
+                           "TERN_RPC_WINDOW)",
+                           type == M_TO_HERE ? "to_here"
+                           : target          ? "RRef call"
+                                             : "rpc",
+                           fn, wname(rpc, dst), (long long)(timeout_ns / 1000000), rpc->window);
     tern_future_t *f = future_new(rpc);
+    tern_status_t st = TERN_OK;
     if (f == NULL)
         return tern__error(TERN_ERR_NO_MEMORY, "rpc: out of memory");
     f->target = dst;
     snprintf(f->what, sizeof(f->what), "%s '%s' on %s",
-             type == M_TO_HERE ? "to_here"
+             type == M_TO_HERE  ? "to_here"
              : type == M_REMOTE ? "remote"
              : target           ? "RRef call"
                                 : "rpc",
              fn, wname(rpc, dst));
-    if (timeout_ns == TERN_RPC_TIMEOUT_DEFAULT)
-        timeout_ns = rpc->timeout_ns;
     /* Before the lock: the first profiled call to a peer measures its clock. */
     const char *label = tl_call_label ? tl_call_label : type == M_REMOTE ? "remote" : "rpc_async";
     tl_call_label = NULL;
@@ -2301,7 +2338,7 @@ static tern_status_t call_out(rpc_t *rpc, int dst, uint8_t type, uint64_t target
     if (timeout_ns > 0) {
         f->timed = true;
         f->timeout_ns = timeout_ns;
-        f->deadline = tern_clock_ns() + (uint64_t)timeout_ns;
+        f->deadline = start + (uint64_t)timeout_ns;
         rpc->timers++;
         atomic_fetch_add(&comm->rpc_timers, 1);
     }
@@ -2543,9 +2580,11 @@ static void rpc_peer_lost(tern__comm_t *comm, int peer)
     }
     rpc->owned_iter = false;
     doomed_drain(rpc);
+    /* Children nobody will accept: passed to the lost peer, or of an RRef
+     * the lost peer owned (whose FORK went nowhere). */
     for (child_t **pp = &rpc->children; *pp != NULL;) {
         child_t *c = *pp;
-        if (c->to == peer) {
+        if (c->to == peer || c->parent->owner == peer) {
             *pp = c->next;
             child_accepted(rpc, c);
         } else {
@@ -3037,12 +3076,31 @@ static void teardown_locked(rpc_t *rpc, tern_status_t why)
     {
         future_complete(rpc, f, why, dup_printf("%s: RPC was shut down", f->what));
     }
-    while (rpc->backlog_head != NULL) {
-        call_t *c = rpc->backlog_head;
-        rpc->backlog_head = c->next;
-        call_free(rpc, c);
+    /* Calls that will not run: queued behind the running ones, and waiting
+     * on an object (taken off every owner before any is answered: answering
+     * one lets go of the owners it holds, which may free them, and no loop
+     * may walk `owned` then). Their callers hear TERN_ERR_CLOSED now rather
+     * than at their timeout. */
+    call_t *refused = rpc->backlog_head;
+    rpc->backlog_head = rpc->backlog_tail = NULL;
+    owner_t *o, *otmp;
+    HASH_ITER(hh, rpc->owned, o, otmp)
+    {
+        o->nforks = 0;
+        while (o->waiters != NULL) {
+            call_t *w = o->waiters;
+            o->waiters = w->next;
+            w->next = refused;
+            refused = w;
+        }
     }
-    rpc->backlog_tail = NULL;
+    while (refused != NULL) {
+        call_t *c = refused;
+        refused = c->next;
+        free(c->error);
+        c->error = dup_printf("%s is shut down", rpc->names[rpc->rank]);
+        reply(rpc, c, why);
+    }
     while (rpc->held != NULL) {
         call_t *c = rpc->held;
         rpc->held = c->next;
@@ -3053,21 +3111,14 @@ static void teardown_locked(rpc_t *rpc, tern_status_t why)
         rpc->children = c->next;
         child_accepted(rpc, c);
     }
-    /* Closed: a release sends no DELETE, so no owner is freed under the loop
-     * (owner_drop_rrefs needs no deferral here). */
-    owner_t *o, *otmp;
+    /* What no call holds goes; a deferred call's object when it completes. */
+    rpc->owned_iter = true;
     HASH_ITER(hh, rpc->owned, o, otmp)
     {
-        o->nforks = 0;
-        call_t *w = o->waiters;
-        o->waiters = NULL;
-        while (w != NULL) {
-            call_t *next = w->next;
-            call_free(rpc, w);
-            w = next;
-        }
         owner_maybe_free(rpc, o);
     }
+    rpc->owned_iter = false;
+    doomed_drain(rpc);
 }
 
 static void rpc_fini(tern__comm_t *comm)
@@ -3192,6 +3243,7 @@ tern_status_t tern_rpc_shutdown(tern_ctx_t *ctx, int graceful)
     }
     tern__comm_lock(rpc->comm);
     rpc->closed = true;
+    rpc->agreed = graceful && st == TERN_OK;
     tern__comm_unlock(rpc->comm);
     wait_tasks(rpc);
     tern__comm_lock(rpc->comm);

@@ -83,9 +83,11 @@ TERN_API tern_status_t tern_rpc_init(tern_ctx_t *ctx, const char *name,
  * running or queued and no message unanswered, then tear down; objects this
  * worker still owns are destroyed. Not graceful (this rank alone): fail every
  * call still in flight with TERN_ERR_CLOSED and tear down; the others see this
- * worker's calls fail. Futures and RRefs the user still holds must be freed
+ * worker's calls fail, those queued or waiting for an object here with
+ * TERN_ERR_CLOSED at once. Futures and RRefs the user still holds must be freed
  * or released afterwards as usual (every operation on them fails with
- * TERN_ERR_CLOSED). Must not be called from a handler or callback.
+ * TERN_ERR_CLOSED; releasing an RRef still tells its owner, which may go on
+ * working). Must not be called from a handler or callback.
  */
 TERN_API tern_status_t tern_rpc_shutdown(tern_ctx_t *ctx, int graceful);
 
@@ -133,9 +135,12 @@ typedef struct tern_rpc_value {
  * The future completes with the function's result, or with an error: the
  * handler's status and message (prefixed with the target's name), the target
  * being lost (TERN_ERR_PEER_LOST), the timeout (TERN_ERR_TIMEOUT; a reply
- * arriving later is dropped), or shutdown (TERN_ERR_CLOSED). Errors returned
- * here (nothing was sent): TERN_ERR_INVALID_PARAM, TERN_ERR_NOT_FOUND (no such
- * worker), TERN_ERR_CLOSED, TERN_ERR_UNSUPPORTED (a CUDA tensor).
+ * arriving later is dropped), or shutdown (TERN_ERR_CLOSED). A call beyond
+ * the window waits here for room, and that wait is part of its timeout.
+ * Errors returned here (nothing was sent): TERN_ERR_INVALID_PARAM,
+ * TERN_ERR_NOT_FOUND (no such worker), TERN_ERR_CLOSED, TERN_ERR_UNSUPPORTED
+ * (a CUDA tensor), TERN_ERR_PEER_LOST (the target, or an RRef argument's
+ * owner, was lost), TERN_ERR_TIMEOUT (no room in the window in time).
  */
 TERN_API tern_status_t tern_rpc_async(tern_ctx_t *ctx, const char *to, const char *fn,
                                       const tern_rpc_args_t *args, int64_t timeout_ns,
