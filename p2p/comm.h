@@ -125,6 +125,7 @@ struct tern__comm {
     tern__class_fn handlers[16];
     void *handler_args[16];
     tern_status_t *peer_failed; /* [world]: sticky once a peer is lost */
+    unsigned nlost;             /* peers lost so far (under the lock) */
     /* p2p */
     size_t eager_limit;
     size_t coll_eager_limit; /* the same for messages of communicators other than 0 */

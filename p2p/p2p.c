@@ -1498,9 +1498,21 @@ TERN__HOT tern_status_t irecv_post(tern__comm_t *comm, uint32_t cid, void *buf, 
                                    unexp_t *prev, tern_request_t **req_out)
 {
     tern_request_t *req;
+    tern_status_t st;
 
-    if (src != TERN_ANY_SOURCE && comm->peer_failed[src] != TERN_OK)
+    /* A message that arrived before its sender was lost is still delivered
+     * (an offer to read it is not: nobody is there to read from). */
+    if (src != TERN_ANY_SOURCE && comm->peer_failed[src] != TERN_OK && (u == NULL || u->rndv))
         return tern__error(comm->peer_failed[src], "irecv: rank %d was lost", src);
+    /* Only this rank could send it (to itself): nobody else is left. */
+    if (src == TERN_ANY_SOURCE && u == NULL && comm->nlost > 0 && comm->nlost + 1 >= comm->world)
+        return tern__error(TERN_ERR_PEER_LOST,
+                           "irecv from any source: every other rank (%u) was lost", comm->nlost);
+    /* The pair open, for its terms (rtr_fits) and so that a peer gone before
+     * it ever connected is noticed (the dial fails, or fails later: lost)
+     * rather than waited on for ever. */
+    if (u == NULL && src != TERN_ANY_SOURCE && (st = pair_open(comm, src)) != TERN_OK)
+        return tern__error(st, "irecv: no connection to rank %d: %s", src, tern_last_error());
     if ((req = req_new(comm)) == NULL)
         return tern__error(TERN_ERR_NO_MEMORY, "irecv: no memory");
     *req = (tern_request_t){.comm = comm, .kind = REQ_RECV, .cid = cid, .peer = src, .tag = tag,
@@ -1514,8 +1526,7 @@ TERN__HOT tern_status_t irecv_post(tern__comm_t *comm, uint32_t cid, void *buf, 
         else
             comm->posted_head = req;
         comm->posted_tail = req;
-        /* The pair's terms first (rtr_fits); failing, no offer is made. */
-        if (src != TERN_ANY_SOURCE && (flags & TERN__P2P_RTR) && pair_open(comm, src) == TERN_OK &&
+        if (src != TERN_ANY_SOURCE && (flags & TERN__P2P_RTR) &&
             rtr_fits(comm, cid, cap, flags, src))
             rtr_offer(comm, req);
     } else if (u->rndv) {
@@ -1640,10 +1651,14 @@ static void waits_fail(tern_request_t **head, tern_request_t **tail, int peer, t
 void tern__p2p_peer_lost(tern__comm_t *comm, int peer, tern_status_t why)
 {
     tern_request_t **pp;
-    /* Receives waiting on that rank alone can never complete. */
+    /* Receives waiting on that rank alone can never complete; those from
+     * any source fail too (as MPI's fault-tolerant ULFM reports them): the
+     * message they wait for may have been the lost rank's. Posted again,
+     * they wait on the others. */
     for (pp = &comm->posted_head; *pp != NULL;) {
         tern_request_t *r = *pp;
-        if (r->peer == peer) {
+        if (r->peer == peer || r->peer == TERN_ANY_SOURCE) {
+            r->info = (tern_msg_info_t){.source = peer, .tag = r->tag, .len = 0};
             *pp = r->next;
             if (comm->posted_tail == r) {
                 comm->posted_tail = NULL;
@@ -1794,6 +1809,7 @@ void tern__p2p_fini(tern__comm_t *comm)
     while (comm->posted_head != NULL) {
         tern_request_t *r = comm->posted_head;
         comm->posted_head = r->next;
+        r->info = (tern_msg_info_t){.source = r->peer, .tag = r->tag, .len = 0};
         rtr_withdraw(comm, r, false);
         tern__req_complete(r, TERN_ERR_CANCELED);
     }

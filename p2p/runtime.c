@@ -60,10 +60,19 @@ tern__comm_t *tern__comm(tern_ctx_t *ctx)
 static void on_event(const tern_event_t *ev, void *arg)
 {
     tern__comm_t *comm = arg;
-    if (ev->type == TERN_EVENT_ERROR && ev->status == TERN_ERR_PEER_LOST) {
+    /* Lost, unreachable (a first connection refused: its process is gone),
+     * or closed on purpose (its tern_finalize: no warning): either way
+     * nothing more comes from it, and what waits on it fails as lost. */
+    if (ev->type == TERN_EVENT_ERROR &&
+        (ev->status == TERN_ERR_PEER_LOST || ev->status == TERN_ERR_CLOSED ||
+         ev->status == TERN_ERR_UNREACHABLE)) {
         if (ev->src < comm->world && comm->peer_failed[ev->src] == TERN_OK) {
-            tern_warn("lost rank %u", ev->src);
+            if (ev->status == TERN_ERR_CLOSED)
+                tern_info("rank %u closed its connection to this one (tern_finalize)", ev->src);
+            else
+                tern_warn("lost rank %u (%s)", ev->src, tern_strerror(ev->status));
             comm->peer_failed[ev->src] = TERN_ERR_PEER_LOST;
+            comm->nlost++;
             tern__p2p_peer_lost(comm, (int)ev->src, TERN_ERR_PEER_LOST);
             tern__prof_peer_lost((int)ev->src);
             if (comm->rpc_peer_lost != NULL)

@@ -67,14 +67,14 @@
 #define PIPE_SIZE (1 << 20)          /* splice_payload()'s pipe: the unprivileged maximum */
 
 enum frame_type {
-    F_HELLO = 1,   /* payload: magic u32, version u8, 3 zero, self_id u32, instance u64 */
-    F_BYE = 2,     /* graceful close: no error event at the other side */
-    F_SEND = 3,    /* imm, payload */
-    F_PUT = 4,     /* op_id, key, raddr, size, flags(IMM), imm, payload = size bytes */
-    F_PUT_ACK = 5, /* op_id, status */
-    F_GET = 6,     /* op_id, key, raddr, size */
-    F_GET_DATA = 7, /* op_id, status, payload = size bytes when status is OK */
-    F_SWITCH = 8,   /* the last frame of a losing connection (see above) */
+    F_HELLO = 1,     /* payload: magic u32, version u8, 3 zero, self_id u32, instance u64 */
+    F_BYE = 2,       /* graceful close: the other side hears TERN_ERR_CLOSED, not a loss */
+    F_SEND = 3,      /* imm, payload */
+    F_PUT = 4,       /* op_id, key, raddr, size, flags(IMM), imm, payload = size bytes */
+    F_PUT_ACK = 5,   /* op_id, status */
+    F_GET = 6,       /* op_id, key, raddr, size */
+    F_GET_DATA = 7,  /* op_id, status, payload = size bytes when status is OK */
+    F_SWITCH = 8,    /* the last frame of a losing connection (see above) */
     F_SWITCH_ACK = 9 /* everything before the SWITCH is handled */
 };
 #define FLAG_IMM 1u
@@ -725,7 +725,16 @@ static conn_t *conn_new(tcp_tp_t *t, int fd, bool incoming)
 static int recv_end(conn_t *c, ssize_t r)
 {
     if (r == 0) {
+        /* After a BYE on its endpoint's connection the peer closed that
+         * endpoint (tern_finalize): nothing more will come, so whatever
+         * waits on it here must hear so, as TERN_ERR_CLOSED (an orderly
+         * end, not an error to log). A retired connection's BYE (a switch)
+         * has no endpoint and says nothing. */
+        bool ended = c->bye_seen && c->ep != NULL && c->ep->conn == c;
+        uint32_t peer = c->peer;
         conn_fail(c, c->bye_seen ? TERN_ERR_CANCELED : TERN_ERR_PEER_LOST);
+        if (ended)
+            event(c->tp, TERN_EVENT_ERROR, peer, 0, NULL, 0, TERN_ERR_CLOSED);
         return -1;
     }
     if (errno == EINTR)

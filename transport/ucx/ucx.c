@@ -1607,7 +1607,17 @@ static void ep_notice_connect(ucx_ep_t *ep, uint32_t pid, uint64_t key)
 
     notice_fill(hello, NOTICE_HELLO, tp->base.self_id, ep->conn, 0, 0);
     ep->nwatch.kind = WATCH_EP;
-    if (fd < 0 || connect(fd, (struct sockaddr *)&sa, len) != 0 ||
+    int rc = fd >= 0 ? connect(fd, (struct sockaddr *)&sa, len) : -1;
+    if (fd >= 0 && rc != 0 && (errno == ECONNREFUSED || errno == ENOENT)) {
+        /* The listener's name goes with its process: the peer is gone (it
+         * left before we ever spoke), not merely unreachable this way. */
+        tern_debug("ucx: peer %u's notice listener is gone (%s): it is lost", ep->base.peer,
+                   strerror(errno));
+        close(fd);
+        ep_mark_lost(ep, UCS_ERR_UNREACHABLE);
+        return;
+    }
+    if (fd < 0 || rc != 0 ||
         send(fd, hello, sizeof(hello), MSG_NOSIGNAL | MSG_DONTWAIT) != (ssize_t)sizeof(hello) ||
         watch_add(tp, fd, &ep->nwatch) != 0) {
         tern_debug("ucx: no notice channel to peer %u (%s): its failure goes undetected",
