@@ -118,6 +118,8 @@ typedef struct coll_state {
     tern_group_t *groups; /* made by tern_group_create, not yet destroyed */
     uint32_t next_cid;
     tern__coll_t *active; /* collectives in flight, under the comm lock */
+    unsigned turn;        /* where the next progress pass starts in active, when more than
+                             PICK_MAX are in flight (under the comm lock) */
     abort_note_t notes[ABORT_NOTES]; /* under the comm lock; ring, oldest overwritten */
     unsigned nnotes;
     /* A finished call kept for the next, its step array and scratch with it:

@@ -27,7 +27,10 @@
 #include "core/log.h"
 #include "tensor/reduce.h"
 
-/* Collectives one progress call advances at most; more are kicked again. */
+/* Collectives one progress call advances at most; more are kicked again,
+ * and each pass starts one further along the list, so that none waits on
+ * newer ones to finish (a call behind 16 newer ones was not advanced, nor its
+ * timeout checked, until one of them ended). */
 #define PICK_MAX 16
 
 /* ---- building ---- */
@@ -684,19 +687,31 @@ static void progress_hook(tern__comm_t *comm, bool check_time, bool locked)
     if (check_time && comm->rtr_waits != NULL)
         tern__p2p_rtr_tick(comm, tern_clock_ns());
     coll_state_t *cs = state_locked(comm);
-    for (tern__coll_t *c = cs->active; c != NULL; c = c->next) {
-        if (n == PICK_MAX) {
-            more = true;
-            break;
-        }
-        /* Taken under the lock: a collective in the list is not finished, so
-         * not freed, and once busy is ours it cannot finish under us. */
-        if (!atomic_flag_test_and_set(&c->busy)) {
-            pick[n++] = c;
-        } else {
-            atomic_store(&cs->missed, true);
-            if (!atomic_flag_test_and_set(&c->busy)) /* its owner let go meanwhile */
+    size_t total = 0, start = 0;
+    for (tern__coll_t *c = cs->active; c != NULL && total <= PICK_MAX; c = c->next)
+        total++;
+    if (total > PICK_MAX) { /* more than one pass takes: from the turn's place on, round */
+        total = 0;
+        for (tern__coll_t *c = cs->active; c != NULL; c = c->next)
+            total++;
+        start = cs->turn++ % total;
+        more = true;
+    }
+    for (int round = 0; round < 2 && n < PICK_MAX; round++) {
+        size_t i = 0;
+        for (tern__coll_t *c = cs->active; c != NULL && n < PICK_MAX; c = c->next, i++) {
+            if ((i >= start) != (round == 0))
+                continue;
+            /* Taken under the lock: a collective in the list is not
+             * finished, so not freed, and once busy is ours it cannot finish
+             * under us. */
+            if (!atomic_flag_test_and_set(&c->busy)) {
                 pick[n++] = c;
+            } else {
+                atomic_store(&cs->missed, true);
+                if (!atomic_flag_test_and_set(&c->busy)) /* its owner let go meanwhile */
+                    pick[n++] = c;
+            }
         }
     }
     for (size_t i = 0; i < n; i++)

@@ -1385,6 +1385,25 @@ static void test_groups(void)
     }
     free(a);
     free(b);
+    /* A world call behind 40 newer calls on a sub-group that cannot end
+     * before it (the group's other members post theirs only after the world
+     * call): each progress pass must still reach the older one (it reached
+     * the 16 newest only, and the world call ran out TERN_TIMEOUT). */
+    if (world >= 3) {
+        enum { NEWER = 40 };
+        tern_request_t *rw, *rs[NEWER];
+        int v = rank, sum = -1;
+        bool first = tern_group_rank(mine) == 0;
+        OK(tern_all_reduce(W, &v, &sum, 1, TERN_DTYPE_I32, TERN_SUM, &rw));
+        for (int i = 0; first && i < NEWER; i++)
+            OK(tern_barrier(mine, &rs[i]));
+        OK(tern_request_wait(rw, -1, NULL));
+        CHECK(sum == world * (world - 1) / 2, "the world call behind %d newer: %d", NEWER, sum);
+        for (int i = 0; !first && i < NEWER; i++)
+            OK(tern_barrier(mine, &rs[i]));
+        for (int i = 0; i < NEWER; i++)
+            OK(tern_request_wait(rs[i], -1, NULL));
+    }
     /* Every collective non-blocking at once on a sub-group, and sums whose
      * bits depend on the order on a group listed out of order. */
     test_nb_all(mine);
