@@ -37,10 +37,13 @@
  * truncated; RTR, RTR_CANCEL, RTR_FAIL (above).
  *
  * Memory bound. Each sender may have at most credit_per_peer bytes of eager
- * payload outstanding at each receiver (TERN_UNEXPECTED_MAX / world); the
- * receiver returns credit as it consumes messages. Out of credit, messages go
- * by rendezvous, whose unexpected entry is a small header. So the unexpected
- * queue never holds more than TERN_UNEXPECTED_MAX bytes of payload.
+ * messages outstanding at each receiver (TERN_UNEXPECTED_MAX / world), each
+ * counted as its payload plus EAGER_ENTRY (what queueing one costs, so that
+ * empty messages are bounded too: they were free, and a flood of them grew
+ * the queue 147 times past its bound); the receiver returns credit as it
+ * consumes messages. Out of credit, messages go by rendezvous, whose
+ * unexpected entry is a small header. So the unexpected queue never holds
+ * more than TERN_UNEXPECTED_MAX bytes of eager messages.
  *
  * Matching. Posted receives and unexpected messages are kept in order; an
  * arrival takes the first posted receive that matches (cid, source, tag), and a
@@ -259,6 +262,14 @@ static uint64_t msg_seq(tern__comm_t *comm, int src, uint32_t imm)
     return seq;
 }
 
+/* What one eager message of len bytes counts against credit and the
+ * unexpected queue's bound: an entry's record and the allocator's share. */
+#define EAGER_ENTRY 96u
+static inline size_t eager_charge(size_t len)
+{
+    return len + EAGER_ENTRY;
+}
+
 /* Hand src the credit of the eager bytes consumed since the last time. */
 static void credit_return(tern__comm_t *comm, int src)
 {
@@ -268,10 +279,11 @@ static void credit_return(tern__comm_t *comm, int src)
     send_ctrl(comm, src, CTRL_CREDIT, msg, sizeof(msg));
 }
 
-/* Count consumed eager bytes from src; hand credit back in batches. */
-TERN__HOT void consumed(tern__comm_t *comm, int src, size_t bytes)
+/* Count a consumed eager message of len bytes from src; hand credit back in
+ * batches. */
+TERN__HOT void consumed(tern__comm_t *comm, int src, size_t len)
 {
-    comm->consumed[src] += bytes;
+    comm->consumed[src] += eager_charge(len);
     if (comm->consumed[src] >= comm->credit_per_peer / 4)
         credit_return(comm, src);
 }
@@ -705,7 +717,7 @@ static void on_eager(tern__comm_t *comm, const tern_event_t *ev, void *arg)
     }
     /* Credit bounds this; a peer that ignores it is refused rather than let
      * grow us without limit. */
-    if (comm->unexpected_bytes + len > comm->credit_per_peer * comm->world) {
+    if (comm->unexpected_bytes + eager_charge(len) > comm->credit_per_peer * comm->world) {
         tern_error("p2p: rank %d sent %zu eager bytes beyond its credit; message (tag %d) dropped",
                    src, len, tag);
         return;
@@ -722,7 +734,7 @@ static void on_eager(tern__comm_t *comm, const tern_event_t *ev, void *arg)
         memcpy(copy, p + hdr, len);
     *u = (unexp_t){
         .cid = cid, .src = src, .tag = tag, .len = len, .data = copy, .seq = seq, .shape = shape};
-    comm->unexpected_bytes += len;
+    comm->unexpected_bytes += eager_charge(len);
     append_unexp(comm, u);
 }
 
@@ -1179,7 +1191,7 @@ TERN__HOT tern_status_t pair_open(tern__comm_t *comm, int dst)
 static bool eager_fits(const tern__comm_t *comm, uint32_t cid, size_t len, int dst)
 {
     return len <= (cid == 0 ? comm->eager_limit : comm->pair[dst].coll_eager) &&
-           comm->credits[dst] >= (int64_t)len;
+           comm->credits[dst] >= (int64_t)eager_charge(len);
 }
 
 /* Whether a message of len bytes with flags between this rank and peer goes
@@ -1320,7 +1332,7 @@ TERN__HOT tern_status_t send_eager(tern__comm_t *comm, uint32_t cid, const void 
                             ? send_eager_inline(comm, cid, buf, len, dst, tag, shape, seq)
                             : send_eager_bounce(comm, cid, buf, len, dst, tag, shape, seq);
     if (st == TERN_OK)
-        comm->credits[dst] -= (int64_t)len;
+        comm->credits[dst] -= (int64_t)eager_charge(len);
     return st;
 }
 
@@ -1477,7 +1489,7 @@ void tern__p2p_drop_cid(tern__comm_t *comm, uint32_t cid)
         }
         unlink_unexp(comm, u, prev);
         if (!u->rndv)
-            comm->unexpected_bytes -= u->len;
+            comm->unexpected_bytes -= eager_charge(u->len);
         n++;
         bytes += u->len;
         unexp_drop(comm, u);
@@ -1532,7 +1544,7 @@ TERN__HOT tern_status_t irecv_post(tern__comm_t *comm, uint32_t cid, void *buf, 
     } else if (u->rndv) {
         get_or_queue(comm, req, u);
     } else {
-        comm->unexpected_bytes -= u->len;
+        comm->unexpected_bytes -= eager_charge(u->len);
         deliver_eager(comm, req, u->src, u->tag, u->seq, u->shape, u->data, u->len);
         free(u->data);
         free(u);
@@ -1708,7 +1720,7 @@ static size_t eager_cap(const tern__comm_t *comm, uint64_t limit, size_t hdr)
  * u32 (4 bits each: all_reduce, broadcast, reduce, all_gather, all_to_all),
  * 0 u32; little-endian. */
 #define TERMS_MAGIC 0x50325054u
-#define TERMS_VERSION 2u
+#define TERMS_VERSION 3u /* 3: eager credit counts EAGER_ENTRY a message */
 #define TERMS_RTR 1u
 
 static uint32_t coll_algos(const tern__config_t *cfg)
@@ -1969,7 +1981,7 @@ TERN__HOT tern_status_t p2p_recv(tern__comm_t *comm, uint32_t cid, void *buf, si
     unexp_t *prev, *u = find_unexp(comm, cid, src, tag, &prev);
     if (u != NULL && !u->rndv) {
         unlink_unexp(comm, u, prev);
-        comm->unexpected_bytes -= u->len;
+        comm->unexpected_bytes -= eager_charge(u->len);
         st = copy_eager(comm, buf, cap, u->src, u->tag, u->data, u->len);
         tern__comm_unlock(comm);
         if (info != NULL)

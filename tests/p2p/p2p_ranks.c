@@ -3,8 +3,8 @@
  * over each transport): sizes around the eager/rendezvous boundary, ordering
  * across both protocols, any-source and any-tag, truncation at both ends,
  * tags across their range (both eager header forms),
- * many requests in flight, the unexpected-queue bound (eager payload and
- * rendezvous headers), self-sends, bad
+ * many requests in flight, the unexpected-queue bound (eager payload,
+ * rendezvous headers, empty messages), self-sends, bad
  * arguments, tern_request_test on a receive that cannot have completed,
  * tensors (both protocols, exact sizes, any-source, local refusals),
  * background progress after a long stretch of waits, and with --big a 1 GiB
@@ -374,6 +374,75 @@ static void test_unexpected_headers(void)
     free(buf);
 }
 
+/*
+ * Empty messages count against the bound too (each as what queueing it
+ * costs): rank 1 posts bound / 16 of them, tag 310, before rank 0 receives
+ * any. Some go eager, some by rendezvous, and the rest are refused with
+ * TERN_ERR_NO_RESOURCE (all were taken eager before: an empty message cost
+ * nothing, and 100,000 of them grew a 64 KiB bound's queue by 9 MiB). Rank
+ * 0 then receives exactly those not refused, and a message after them.
+ */
+static void test_unexpected_empty(void)
+{
+    const char *e = getenv("TERN_UNEXPECTED_MAX");
+    char *end = NULL;
+    size_t bound = e ? strtoull(e, &end, 10) : 0;
+    if (bound > 0 && (*end == 'k' || *end == 'K'))
+        bound <<= 10;
+    else if (bound > 0 && *end == 'M')
+        bound <<= 20;
+    if (bound == 0 || bound > (4u << 20))
+        return; /* the small-bound job runs it */
+    size_t K = bound / 16;
+    if (rank == 1) {
+        tern_request_t **r = calloc(K, sizeof(*r));
+        CHECK(r != NULL, "no memory");
+        size_t refused = 0, taken = 0;
+        for (size_t i = 0; i < K; i++)
+            OK(tern_isend(ctx, NULL, 0, 0, 310, &r[i]));
+        /* Eager ones are done; the last rendezvous one ends last (in order). */
+        tern_status_t st = tern_request_wait(r[K - 1], 20ll * 1000 * 1000 * 1000, NULL);
+        CHECK(st == TERN_ERR_NO_RESOURCE, "the last of %zu empty sends got %s", K,
+              tern_status_name(st));
+        r[K - 1] = NULL;
+        refused = 1;
+        for (size_t i = 0; i + 1 < K; i++) {
+            int done = 0;
+            st = tern_request_test(r[i], &done, NULL);
+            if (done) {
+                r[i] = NULL;
+                CHECK(st == TERN_OK || st == TERN_ERR_NO_RESOURCE, "empty send %zu: %s", i,
+                      tern_status_name(st));
+                refused += st == TERN_ERR_NO_RESOURCE;
+            }
+        }
+        taken = K - refused;
+        CHECK(taken > 0 && taken < bound / 32, "%zu of %zu empty messages were taken", taken, K);
+        uint64_t q = taken;
+        OK(tern_send(ctx, &q, sizeof(q), 0, 311));
+        OK(tern_send(ctx, "after", 5, 0, 310));
+        for (size_t i = 0; i < K; i++)
+            if (r[i] != NULL)
+                OK(tern_request_wait(r[i], -1, NULL));
+        free(r);
+    } else if (rank == 0) {
+        uint64_t q = 0;
+        char b[8];
+        tern_msg_info_t info;
+        OK(tern_recv(ctx, &q, sizeof(q), 1, 311, &info));
+        CHECK(q > 0 && q < K, "rank 1 says %" PRIu64 " of %zu were taken", q, K);
+        for (uint64_t j = 0; j < q; j++) {
+            OK(tern_recv(ctx, b, sizeof(b), 1, 310, &info));
+            CHECK(info.len == 0, "empty message %" PRIu64 " arrived with %zu bytes", j, info.len);
+        }
+        OK(tern_recv(ctx, b, sizeof(b), 1, 310, &info));
+        CHECK(info.len == 5 && memcmp(b, "after", 5) == 0,
+              "after the empty ones came %zu bytes, not the last message", info.len);
+        printf("rank 0: %" PRIu64 " of %zu empty messages queued under a %zu-byte bound\n", q, K,
+               bound);
+    }
+}
+
 /* tern_request_test on a receive whose message is not sent yet says not
  * done (the sender waits for the barrier), then done once it came. */
 static void test_request_test(void)
@@ -734,6 +803,8 @@ int main(int argc, char **argv)
         test_unexpected_bound();
         barrier("t5");
         test_unexpected_headers();
+        barrier("t5e");
+        test_unexpected_empty();
         barrier("t5a");
         test_request_test();
         barrier("t5b");
