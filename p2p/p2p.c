@@ -1817,7 +1817,9 @@ void tern__p2p_fini(tern__comm_t *comm)
         free(u);
     }
     comm->unexp_tail = NULL;
-    /* Requests still held by the user are theirs to wait on; fail them. */
+    /* Requests still pending are failed (their callbacks, if any, run);
+     * their handles die with the comm (tern_finalize's contract, as
+     * MPI_Finalize's). */
     while (comm->posted_head != NULL) {
         tern_request_t *r = comm->posted_head;
         comm->posted_head = r->next;

@@ -70,6 +70,9 @@ TERN_API tern_status_t tern_init(const tern_init_params_t *params, tern_ctx_t **
  * timeout), drains the pool, disconnects, and on rank 0 stops the store once
  * every rank has gone. Frees ctx whatever happens; NULL is a no-op. Returns the
  * first error met (TERN_ERR_TIMEOUT when a rank never arrived).
+ * As with MPI_Finalize, complete (wait or test) every request first: requests
+ * still pending are canceled, and every request handle, pending or not,
+ * is invalid afterwards (waiting on one reads freed memory).
  */
 TERN_API tern_status_t tern_finalize(tern_ctx_t *ctx);
 
