@@ -78,6 +78,19 @@ static tern_status_t resolve_ids(const tern_init_params_t *p, const tern__config
             if (ids->rank >= ids->world_size)
                 return tern__error(TERN_ERR_CONFIG, "%s=%" PRId64 " is not below %s=%" PRId64,
                                    rank_var[l], ids->rank, size_var[l], ids->world_size);
+            /* Another launcher's variables that disagree (left over from an
+             * outer job, say) are not silently passed over. */
+            for (int o = l + 1; o < TERN__LAUNCHER_COUNT; o++) {
+                const tern__launch_ids_t *lo = &cfg->launch[o];
+                if (lo->rank != TERN__UNSET && lo->world_size != TERN__UNSET &&
+                    (lo->rank != ids->rank || lo->world_size != ids->world_size))
+                    tern_warn("rank %" PRId64 " of %" PRId64
+                              " from %s (%s, %s); %s says rank %" PRId64 " of %" PRId64
+                              " (%s, %s), ignored",
+                              ids->rank, ids->world_size, *source, rank_var[l], size_var[l],
+                              tern__launcher_name((tern__launcher_t)o), lo->rank, lo->world_size,
+                              rank_var[o], size_var[o]);
+            }
             break;
         }
         if (ids->rank == TERN__UNSET) {

@@ -417,6 +417,8 @@ tern_status_t tern_finalize(tern_ctx_t *ctx)
     tern__comm_t *comm = tern__comm(ctx);
     if (comm != NULL && comm->rpc_fini != NULL)
         comm->rpc_fini(comm);
+    /* Before the barrier: stopping measures the other ranks' clocks. */
+    tern__prof_ctx_finalize(ctx);
     /* Meet first: once every rank is here nobody sends any more, so closing
      * the transport loses nothing in flight. */
     st = tern_store_barrier(tern_ctx_store(ctx), "tern/finalize", tern_ctx_world_size(ctx),

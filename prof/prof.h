@@ -121,4 +121,10 @@ void tern__prof_set_rank(int rank);
 /* A peer was lost: a ping waiting on it gives up. */
 void tern__prof_peer_lost(int peer);
 
+/* tern_finalize of ctx: a session still running on it is stopped (with a
+ * warning; its results stay readable) and forgets ctx, which is about to be
+ * freed. */
+void tern__prof_ctx_finalize(tern_ctx_t *ctx);
+void tern__prof_set_fini_hook(void (*fn)(tern_ctx_t *ctx));
+
 #endif

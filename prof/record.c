@@ -1012,6 +1012,20 @@ void tern__prof_set_rank(int rank)
     atomic_store(&tern__prof_session.rank, rank);
 }
 
+static _Atomic(void (*)(tern_ctx_t *)) fini_hook;
+
+void tern__prof_set_fini_hook(void (*fn)(tern_ctx_t *ctx))
+{
+    atomic_store(&fini_hook, fn);
+}
+
+void tern__prof_ctx_finalize(tern_ctx_t *ctx)
+{
+    void (*fn)(tern_ctx_t *) = atomic_load(&fini_hook);
+    if (fn != NULL)
+        fn(ctx);
+}
+
 void tern__prof_peer_lost(int peer)
 {
     if (peer == atomic_load_explicit(&tern__prof_ping.peer, memory_order_acquire))

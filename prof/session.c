@@ -248,6 +248,8 @@ static void drop_old(tern__prof_buf_t *b, void *arg)
     tern__prof_buf_reset(b);
 }
 
+static void session_ctx_finalize(tern_ctx_t *ctx);
+
 tern_status_t tern_prof_start(tern_ctx_t *ctx, const tern_prof_config_t *config)
 {
     if (ctx == NULL)
@@ -281,6 +283,7 @@ tern_status_t tern_prof_start(tern_ctx_t *ctx, const tern_prof_config_t *config)
         return tern__error(TERN_ERR_NO_MEMORY, "tern_prof_start: no memory");
     }
     S.ctx = ctx;
+    tern__prof_set_fini_hook(session_ctx_finalize);
     S.rank = (int)comm->rank;
     S.world = (int)comm->world;
     S.flags = flags;
@@ -426,6 +429,25 @@ static void nest(tern_prof_event_t *ev, size_t n, const bool *async)
     }
     free(order);
     free(stack);
+}
+
+/* tern__prof_ctx_finalize's work (set as its hook by tern_prof_start:
+ * record.c, which the runtime links, cannot call into the session). */
+static void session_ctx_finalize(tern_ctx_t *ctx)
+{
+    pthread_mutex_lock(&S.lock);
+    bool mine = S.running && S.ctx == ctx;
+    pthread_mutex_unlock(&S.lock);
+    if (mine) {
+        tern_warn("tern_finalize: the profiler session was still running; stopped here (its "
+                  "results stay readable; tern_prof_stop now reports no session)");
+        if (tern_prof_stop() != TERN_OK)
+            tern_warn("tern_finalize: stopping the profiler session: %s", tern_last_error());
+    }
+    pthread_mutex_lock(&S.lock);
+    if (S.ctx == ctx)
+        S.ctx = NULL;
+    pthread_mutex_unlock(&S.lock);
 }
 
 tern_status_t tern_prof_stop(void)

@@ -184,8 +184,14 @@ out:
 /* The ranks' environment: ours, minus any variable we set, plus ours. */
 static bool build_env(job_t *job, int port)
 {
-    static const char *const names[] = {"TERN_RANK",        "TERN_WORLD_SIZE", "TERN_LOCAL_RANK",
-                                        "TERN_LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"};
+    /* The ranks' store is ours: TERN_MASTER_* (which take precedence over
+     * MASTER_*) and torchrun's agent-store flag (which moves the store to the
+     * next port) left over from the caller's environment would send the ranks
+     * elsewhere, silently, and two jobs onto one port. */
+    static const char *const names[] = {
+        "TERN_RANK",   "TERN_WORLD_SIZE", "TERN_LOCAL_RANK",  "TERN_LOCAL_WORLD_SIZE",
+        "MASTER_ADDR", "MASTER_PORT",     "TERN_MASTER_ADDR", "TERN_MASTER_PORT"};
+    static const char *const dropped[] = {"TORCHELASTIC_USE_AGENT_STORE"};
     const size_t nvars = sizeof(names) / sizeof(names[0]);
     unsigned n = job->opts->nranks;
     size_t count = 0, k = 0;
@@ -205,6 +211,11 @@ static bool build_env(job_t *job, int port)
             if (strncmp(*e, names[i], len) == 0 && (*e)[len] == '=')
                 ours = true;
         }
+        for (size_t i = 0; i < sizeof(dropped) / sizeof(dropped[0]); i++) {
+            size_t len = strlen(dropped[i]);
+            if (strncmp(*e, dropped[i], len) == 0 && (*e)[len] == '=')
+                ours = true;
+        }
         if (!ours)
             job->envp[k++] = *e;
     }
@@ -214,6 +225,8 @@ static bool build_env(job_t *job, int port)
     snprintf(job->vars[3], sizeof(job->vars[3]), "TERN_LOCAL_WORLD_SIZE=%u", n);
     snprintf(job->vars[4], sizeof(job->vars[4]), "MASTER_ADDR=127.0.0.1");
     snprintf(job->vars[5], sizeof(job->vars[5]), "MASTER_PORT=%d", port);
+    snprintf(job->vars[6], sizeof(job->vars[6]), "TERN_MASTER_ADDR=127.0.0.1");
+    snprintf(job->vars[7], sizeof(job->vars[7]), "TERN_MASTER_PORT=%d", port);
     job->rank_var = 0;
     job->local_rank_var = 2;
     for (size_t i = 0; i < nvars; i++)

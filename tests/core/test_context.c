@@ -172,6 +172,40 @@ static void test_launcher_order(void **state)
                     "8", NULL);
 }
 
+/* Warnings logged during a test (tern_log_set_sink). */
+static char warned[2048];
+
+static void keep_warnings(tern_log_level_t level, int rank, const char *msg, void *arg)
+{
+    (void)rank, (void)arg;
+    if (level == TERN_LOG_WARN && strlen(warned) + strlen(msg) + 2 < sizeof(warned)) {
+        strcat(warned, msg);
+        strcat(warned, "\n");
+    }
+}
+
+/* A launcher's variables that disagree with the one taken are named in a
+ * warning, not passed over in silence; ones that agree say nothing. */
+static void test_launcher_conflict(void **state)
+{
+    (void)state;
+    warned[0] = '\0';
+    tern_log_set_sink(keep_warnings, NULL);
+    expect_launcher("torchrun", "RANK", "0", "WORLD_SIZE", "1", "OMPI_COMM_WORLD_RANK", "1",
+                    "OMPI_COMM_WORLD_SIZE", "2", NULL);
+    tern_log_set_sink(NULL, NULL);
+    if (strstr(warned, "rank 0 of 1 from torchrun") == NULL ||
+        strstr(warned, "Open MPI says rank 1 of 2") == NULL)
+        fail_msg("no warning of the conflict: '%s'", warned);
+    warned[0] = '\0';
+    tern_log_set_sink(keep_warnings, NULL);
+    expect_launcher("torchrun", "RANK", "0", "WORLD_SIZE", "1", "SLURM_PROCID", "0", "SLURM_NTASKS",
+                    "1", NULL);
+    tern_log_set_sink(NULL, NULL);
+    if (strstr(warned, "ignored") != NULL)
+        fail_msg("a warning where the launchers agree: '%s'", warned);
+}
+
 static void expect_init_error(tern_status_t want, const char *needle)
 {
     tern_ctx_t *ctx = NULL;
@@ -341,6 +375,7 @@ int main(void)
         cmocka_unit_test(test_threads_memory_store),
         cmocka_unit_test(test_threads_tcp_store),
         cmocka_unit_test_setup(test_launcher_order, clear_env),
+        cmocka_unit_test_setup(test_launcher_conflict, clear_env),
         cmocka_unit_test_setup(test_bad_environment, clear_env),
         cmocka_unit_test_setup(test_unreachable_master, clear_env),
         cmocka_unit_test_setup(test_master_port_in_use, clear_env),

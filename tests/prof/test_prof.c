@@ -775,15 +775,56 @@ static void test_counter_clock(void **state)
     assert_int_equal(the("short inner")->depth, 1);
 }
 
+/* tern_finalize with a session running on its context stops the session
+ * (which kept the freed context: tern_prof_stop afterwards read it); the
+ * results stay readable, and a later stop says no session runs. */
+static void test_finalize_running(void **state)
+{
+    (void)state;
+    tern_store_t *st2;
+    tern_ctx_t *c2;
+    assert_int_equal(tern_store_memory_create(1, 10 * SEC, &st2), TERN_OK);
+    tern_init_params_t p = {
+        .field_mask = TERN_INIT_PARAM_RANK | TERN_INIT_PARAM_WORLD_SIZE | TERN_INIT_PARAM_THREADS |
+                      TERN_INIT_PARAM_STORE | TERN_INIT_PARAM_TIMEOUT,
+        .rank = 0,
+        .world_size = 1,
+        .threads = 1,
+        .store = st2,
+        .timeout_ns = 10 * SEC,
+    };
+    assert_int_equal(tern_init(&p, &c2), TERN_OK);
+    assert_int_equal(tern_prof_start(c2, NULL), TERN_OK);
+    tern_prof_range_end(tern_prof_range_begin("before finalize"));
+    assert_int_equal(tern_finalize(c2), TERN_OK);
+    assert_false(tern_prof_enabled());
+    assert_int_equal(tern_prof_stop(), TERN_ERR_CLOSED);
+    const tern_prof_event_t *ev;
+    size_t n;
+    assert_int_equal(tern_prof_events(&ev, &n), TERN_OK);
+    bool found = false;
+    for (size_t i = 0; i < n; i++)
+        found |= strcmp(ev[i].name, "before finalize") == 0;
+    assert_true(found);
+    tern_store_close(st2);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_session_errors), cmocka_unit_test(test_off),
-        cmocka_unit_test(test_nesting),        cmocka_unit_test(test_scope),
-        cmocka_unit_test(test_names),          cmocka_unit_test(test_threads),
-        cmocka_unit_test(test_open_at_stop),   cmocka_unit_test(test_key_averages),
-        cmocka_unit_test(test_memory_columns), cmocka_unit_test(test_replaced),
-        cmocka_unit_test(test_clock),          cmocka_unit_test(test_counter_clock),
+        cmocka_unit_test(test_finalize_running),
+        cmocka_unit_test(test_session_errors),
+        cmocka_unit_test(test_off),
+        cmocka_unit_test(test_nesting),
+        cmocka_unit_test(test_scope),
+        cmocka_unit_test(test_names),
+        cmocka_unit_test(test_threads),
+        cmocka_unit_test(test_open_at_stop),
+        cmocka_unit_test(test_key_averages),
+        cmocka_unit_test(test_memory_columns),
+        cmocka_unit_test(test_replaced),
+        cmocka_unit_test(test_clock),
+        cmocka_unit_test(test_counter_clock),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -27,6 +27,17 @@ lacks "$TMP/out" 'port=1$' "parent MASTER_PORT must be replaced"
 [ "$(grep -c '^\[[01]\] TERN_RUN_TEST_VAR=a b=c$' "$TMP/out")" -eq 2 ] || { show; fail "parent variable not inherited"; }
 [ "$(grep -c 'TERN_RANK=' "$TMP/out" || true)" -eq 0 ] || fail "stray output"
 
+# TERN_MASTER_* (which tern takes before MASTER_*) and torchrun's agent-store
+# flag left in the parent's environment would send the ranks to another
+# store: tern-run sets the first two and drops the third.
+run_rc rc env TERN_MASTER_PORT=29555 TERN_MASTER_ADDR=10.9.9.9 TORCHELASTIC_USE_AGENT_STORE=1 \
+    "$RUN" --master-port 29877 -n 2 "$PROBE" env getenv TERN_MASTER_PORT getenv TERN_MASTER_ADDR \
+    getenv TORCHELASTIC_USE_AGENT_STORE
+expect_rc 0 "$rc" "inherited TERN_MASTER_*"
+[ "$(grep -c '^\[[01]\] TERN_MASTER_PORT=29877$' "$TMP/out")" -eq 2 ] || { show; fail "TERN_MASTER_PORT not set to the job's port"; }
+[ "$(grep -c '^\[[01]\] TERN_MASTER_ADDR=127\.0\.0\.1$' "$TMP/out")" -eq 2 ] || { show; fail "TERN_MASTER_ADDR not set"; }
+lacks "$TMP/out" 'TORCHELASTIC_USE_AGENT_STORE=1' "TORCHELASTIC_USE_AGENT_STORE must be dropped"
+
 # Program arguments that look like options belong to the program.
 run_rc rc "$RUN" -n 1 -- "$PROBE" echo --help
 expect_rc 0 "$rc" "-- separator"
