@@ -36,6 +36,7 @@ typedef struct tern__config {
     char master_addr[256];
     int64_t master_port;
     char tern_master_addr[256]; /* "" unless TERN_MASTER_ADDR overrides MASTER_ADDR */
+    char job_id[128]; /* TERN_JOB_ID: the store refuses ranks of other jobs (core/store.c) */
     int64_t tern_master_port;   /* TERN__UNSET unless TERN_MASTER_PORT overrides */
     bool torch_agent_store;     /* torchrun's agent already serves MASTER_PORT */
     int64_t connect_timeout_ns;

@@ -86,6 +86,30 @@ static tern_store_t *store_alloc(int64_t timeout_ns)
  * server's detail becomes this thread's tern_last_error(). *body_out (if not
  * NULL) receives a malloc'ed, NUL-terminated copy of the response body.
  */
+static pthread_once_t job_once = PTHREAD_ONCE_INIT;
+static char job_key[160];
+
+static void job_init(void)
+{
+    const char *id = getenv("TERN_JOB_ID");
+    const char *slurm = getenv("SLURM_JOB_ID"), *step = getenv("SLURM_STEP_ID");
+    if (id == NULL || *id == '\0')
+        id = getenv("TORCHELASTIC_RUN_ID");
+    if (id == NULL || *id == '\0')
+        id = getenv("PMIX_NAMESPACE");
+    if ((id == NULL || *id == '\0') && slurm != NULL && *slurm != '\0') {
+        snprintf(job_key, sizeof(job_key), "job:slurm %.64s.%.32s", slurm, step ? step : "");
+        return;
+    }
+    snprintf(job_key, sizeof(job_key), "job:%.150s", id ? id : "");
+}
+
+const char *tern__store_job(void)
+{
+    pthread_once(&job_once, job_init);
+    return job_key;
+}
+
 static tern_status_t tcp_request(tern_store_t *s, uint8_t op, const char *const *keys,
                                  unsigned nkeys, const void *value, size_t vlen, int64_t arg,
                                  uint64_t deadline, int64_t *value_out, void **body_out,
@@ -195,8 +219,9 @@ static tern_status_t store_connect(const char *host, unsigned port, unsigned ran
     if (st != TERN_OK)
         goto fail;
     /* HELLO gets the whole connect timeout: rank 0 may still be starting. */
-    st = tcp_request(s, op, NULL, 0, NULL, 0, (int64_t)((uint64_t)rank << 32 | world_size),
-                     deadline, NULL, NULL, NULL);
+    const char *job[1] = {tern__store_job()};
+    st = tcp_request(s, op, job, 1, NULL, 0, (int64_t)((uint64_t)rank << 32 | world_size), deadline,
+                     NULL, NULL, NULL);
     if (st != TERN_OK)
         goto fail;
     *store_out = s;

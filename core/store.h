@@ -9,6 +9,11 @@
  * rank or world-size disagreement); a no-op for a TCP store, whose server checks
  * at connect time.
  */
+/* "job:" and this process's job token: TERN_JOB_ID (tern-run sets one per
+ * job), else the launcher's own (TORCHELASTIC_RUN_ID, PMIX_NAMESPACE,
+ * SLURM_JOB_ID.SLURM_STEP_ID), else none ("job:"). Read once. */
+const char *tern__store_job(void);
+
 tern_status_t tern__store_join(tern_store_t *store, unsigned rank, unsigned world_size);
 void tern__store_leave(tern_store_t *store, unsigned rank);
 

@@ -6,6 +6,9 @@
  * response: magic u32 | status i32 | body_len u32 | 0 u32 | value i64
  *           body = the value (GET) or the error detail (status < 0)
  *
+ * HELLO and HELLO_AUX carry one key, "job:" and the client's job token
+ * (tern__store_job), which must be the server's: two jobs that meet on one
+ * port are refused, not merged.
  * arg: HELLO and HELLO_AUX rank << 32 | world_size; GET/WAIT timeout in ns;
  * ADD delta.
  * value: ADD the new total; CHECK 1 if the key exists.
@@ -26,7 +29,7 @@
 #include <tern/store.h>
 
 #define TERN__STORE_MAGIC 0x5445524eu /* "TERN" */
-#define TERN__STORE_VERSION 1
+#define TERN__STORE_VERSION 2         /* 2: HELLO carries the job token */
 #define TERN__STORE_HDR_SIZE 24
 #define TERN__STORE_MAX_KEYS 1024u
 /* Bounds what a peer can make the other side allocate for one message. */

@@ -31,6 +31,7 @@
 #include "core/kv.h"
 #include "core/log.h"
 #include "core/sock.h"
+#include "core/store.h"
 #include "core/store_proto.h"
 
 typedef struct conn {
@@ -283,10 +284,29 @@ static bool handle(tern_store_server_t *s, conn_t *c)
     if (c->rank < 0 && !hello)
         return protocol_error(s, c, "first request is not HELLO");
     if (hello) {
-        if (c->rank >= 0 || nkeys != 0)
+        if (c->rank >= 0 || nkeys != 1)
             return protocol_error(s, c, "unexpected HELLO");
+        if ((why = parse_keys(c, nkeys, &rest)) != NULL)
+            return protocol_error(s, c, why);
+        if (rest != c->body_len)
+            return protocol_error(s, c, "trailing bytes after the job token");
         unsigned rank = (unsigned)((uint64_t)arg >> 32), world = (unsigned)(arg & 0xffffffff);
         bool aux = op == TERN__STORE_HELLO_AUX;
+        const char *mine = tern__store_job();
+        if (strcmp(c->keys[0], mine) != 0) {
+            /* Another job's rank, on this port: two jobs started at once
+             * with one MASTER_PORT would otherwise trade members. */
+            st = tern__error(TERN_ERR_MISMATCH,
+                             "store: a rank %u of another job (%s) reached this job's store "
+                             "(%s): two jobs on one MASTER_PORT?",
+                             rank, c->keys[0] + 4, mine + 4);
+            free_keys(c);
+            tern_warn("%s", tern_last_error());
+            c->closing = true;
+            reply_error(s, c, st, tern_last_error());
+            return false;
+        }
+        free_keys(c);
         st = aux ? tern__kv_check_member(s->kv, rank, world) : tern__kv_join(s->kv, rank, world);
         if (st != TERN_OK) {
             tern_warn("store: refusing a client: %s", tern_last_error());

@@ -190,7 +190,8 @@ static bool build_env(job_t *job, int port)
      * elsewhere, silently, and two jobs onto one port. */
     static const char *const names[] = {
         "TERN_RANK",   "TERN_WORLD_SIZE", "TERN_LOCAL_RANK",  "TERN_LOCAL_WORLD_SIZE",
-        "MASTER_ADDR", "MASTER_PORT",     "TERN_MASTER_ADDR", "TERN_MASTER_PORT"};
+        "MASTER_ADDR", "MASTER_PORT",     "TERN_MASTER_ADDR", "TERN_MASTER_PORT",
+        "TERN_JOB_ID"};
     static const char *const dropped[] = {"TORCHELASTIC_USE_AGENT_STORE"};
     const size_t nvars = sizeof(names) / sizeof(names[0]);
     unsigned n = job->opts->nranks;
@@ -227,6 +228,12 @@ static bool build_env(job_t *job, int port)
     snprintf(job->vars[5], sizeof(job->vars[5]), "MASTER_PORT=%d", port);
     snprintf(job->vars[6], sizeof(job->vars[6]), "TERN_MASTER_ADDR=127.0.0.1");
     snprintf(job->vars[7], sizeof(job->vars[7]), "TERN_MASTER_PORT=%d", port);
+    /* One token per job: a rank of another job that reaches this one's store
+     * (both given one port) is refused, not taken in. */
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    snprintf(job->vars[8], sizeof(job->vars[8]), "TERN_JOB_ID=tern-run-%ld-%lx-%lx", (long)getpid(),
+             (unsigned long)now.tv_sec, (unsigned long)now.tv_nsec);
     job->rank_var = 0;
     job->local_rank_var = 2;
     for (size_t i = 0; i < nvars; i++)
