@@ -16,7 +16,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/epoll.h>
+#include <sys/resource.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <netinet/in.h>
@@ -61,6 +63,8 @@ typedef struct conn {
 
 struct tern_store_server {
     int lfd, epfd, wakefd;
+    int spare_fd;    /* held back for EMFILE: freed to accept and close one client */
+    bool fds_warned; /* out of descriptors, said once until an accept works again */
     unsigned port;
     pthread_t thread;
     bool thread_started;
@@ -428,11 +432,33 @@ static void on_accept(tern_store_server_t *s)
     for (;;) {
         int fd = accept4(s->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
         int one = 1;
+        if (fd < 0 && (errno == EMFILE || errno == ENFILE)) {
+            /* The client stays queued and the listener readable: without
+             * taking it off, epoll woke us at once, for ever (2 million
+             * warnings in 8 s). The spare descriptor makes room to accept
+             * and close it; it retries until its connect timeout. */
+            struct rlimit rl = {0};
+            getrlimit(RLIMIT_NOFILE, &rl);
+            if (!s->fds_warned)
+                tern_warn("store: out of file descriptors (%llu allowed: raise ulimit -n); "
+                          "closing new clients until some go",
+                          (unsigned long long)rl.rlim_cur);
+            s->fds_warned = true;
+            if (s->spare_fd < 0)
+                return; /* nothing to make room with: the next poll tries again */
+            close(s->spare_fd);
+            fd = accept4(s->lfd, NULL, NULL, SOCK_CLOEXEC);
+            if (fd >= 0)
+                close(fd);
+            s->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+            continue;
+        }
         if (fd < 0) {
             if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
                 tern_warn("store: accept: %m");
             return;
         }
+        s->fds_warned = false;
         conn_t *c = calloc(1, sizeof(*c));
         if (c == NULL) {
             tern_warn("store: no memory for a connection");
@@ -599,6 +625,7 @@ tern_status_t tern_store_server_start(const char *host, unsigned port, unsigned 
     if (s == NULL)
         return tern__error(TERN_ERR_NO_MEMORY, "store server: no memory");
     s->lfd = s->epfd = s->wakefd = -1;
+    s->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
     s->log_rank = tern__log_rank();
     pthread_mutex_init(&s->lock, NULL);
     pthread_mutex_init(&s->serve_lock, NULL);
@@ -692,6 +719,8 @@ tern_status_t tern_store_server_stop(tern_store_server_t *s, int64_t timeout_ns)
         close(s->epfd);
     if (s->wakefd >= 0)
         close(s->wakefd);
+    if (s->spare_fd >= 0)
+        close(s->spare_fd);
     tern__kv_destroy(s->kv);
     pthread_cond_destroy(&s->cond);
     pthread_mutex_destroy(&s->serve_lock);

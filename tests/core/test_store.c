@@ -6,9 +6,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <stdatomic.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <arpa/inet.h>
+#include <time.h>
 #include <unistd.h>
+
+#include <tern/log.h>
 
 #include <cmocka.h>
 
@@ -304,6 +311,64 @@ static void send_raw(unsigned port, const void *buf, size_t len, int expect_repl
     close(fd);
 }
 
+/* Out of descriptors, the server warns once and takes the waiting clients
+ * off the listener (closing them): it used to spin on the readable listener,
+ * warning each time (2 million lines in 8 s). In a child process, whose
+ * descriptor limit is cut to a few past the server's own. */
+static atomic_int fd_warnings;
+
+static void count_fd_warnings(tern_log_level_t level, int rank, const char *msg, void *arg)
+{
+    (void)rank, (void)arg;
+    if (level == TERN_LOG_WARN && (strstr(msg, "accept") || strstr(msg, "file descriptors")))
+        atomic_fetch_add(&fd_warnings, 1);
+}
+
+static void test_out_of_fds(void **state)
+{
+    int ready[2];
+    (void)state;
+    assert_int_equal(pipe(ready), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        tern_store_server_t *srv;
+        tern_log_set_sink(count_fd_warnings, NULL);
+        if (tern_store_server_start("127.0.0.1", 0, 64, &srv) != TERN_OK)
+            _exit(2);
+        int probe = open("/dev/null", O_RDONLY);
+        close(probe);
+        struct rlimit rl = {(rlim_t)probe + 2, (rlim_t)probe + 2};
+        setrlimit(RLIMIT_NOFILE, &rl);
+        unsigned port = tern_store_server_port(srv);
+        if (write(ready[1], &port, sizeof(port)) != (ssize_t)sizeof(port))
+            _exit(3);
+        struct timespec nap = {2, 0};
+        nanosleep(&nap, NULL);
+        int n = atomic_load(&fd_warnings);
+        fprintf(stderr, "out of descriptors: %d warnings\n", n);
+        _exit(n >= 1 && n <= 2 ? 0 : 1);
+    }
+    unsigned port = 0;
+    assert_int_equal(read(ready[0], &port, sizeof(port)), (ssize_t)sizeof(port));
+    int fds[40];
+    for (int i = 0; i < 40; i++) {
+        struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        fds[i] = socket(AF_INET, SOCK_STREAM, 0);
+        assert_true(fds[i] >= 0);
+        connect(fds[i], (struct sockaddr *)&a, sizeof(a)); /* queued, or refused: either */
+    }
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    for (int i = 0; i < 40; i++)
+        close(fds[i]);
+    close(ready[0]);
+    close(ready[1]);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+}
+
 static void test_malformed_input(void **state)
 {
     tern_store_server_t *srv;
@@ -537,6 +602,7 @@ int main(void)
         cmocka_unit_test(test_mismatch_and_duplicate),
         cmocka_unit_test(test_port_in_use),
         cmocka_unit_test(test_malformed_input),
+        cmocka_unit_test(test_out_of_fds),
         cmocka_unit_test(test_server_lost_during_get),
         cmocka_unit_test(test_adopted_server),
         cmocka_unit_test(test_aux_connection),
