@@ -839,11 +839,30 @@ out:
     close_pair(job.wake);
     if (job.devnull >= 0)
         close(job.devnull);
+    int die_by = job.stop == STOP_SIGNAL && ret == 128 + job.stop_signo ? job.stop_signo : 0;
     free(job.cores);
     free(job.envp);
     free(job.vars);
     free(job.ranks);
     free(job.out);
     free(job.err);
+    /* Told to stop by SIGINT, SIGTERM or SIGHUP, end by that signal (with the
+     * action found at start, restored above: ignored stays ignored), as the
+     * program run directly would: a shell loop running tern-run then stops on
+     * Ctrl-C rather than going on to the next turn (bash waits for its child
+     * to die of SIGINT before it does). The shell still reports 128+signal.
+     * Not SIGQUIT, whose default action dumps core. */
+    if (die_by == SIGINT || die_by == SIGTERM || die_by == SIGHUP) {
+        struct sigaction now;
+        fflush(stdout);
+        fflush(stderr);
+        if (sigaction(die_by, NULL, &now) == 0 && now.sa_handler == SIG_DFL) {
+            sigset_t one;
+            sigemptyset(&one);
+            sigaddset(&one, die_by);
+            sigprocmask(SIG_UNBLOCK, &one, NULL);
+            raise(die_by);
+        }
+    }
     return ret;
 }

@@ -75,6 +75,22 @@ if env --default-signal=INT true 2>/dev/null; then
     finish 130 "SIGINT"
     has "$TMP/out" '^\[0\] rank 0 got SIGINT$' "rank 0 got SIGINT"
     has "$TMP/out" '^\[1\] rank 1 got SIGINT$' "rank 1 got SIGINT"
+    # Ctrl-C in a shell loop: the terminal sends SIGINT to the whole
+    # foreground group, and bash stops the loop only if its child died of
+    # SIGINT (it waits to see: "wait and cooperative exit"). tern-run, told
+    # to stop by SIGINT, ends by SIGINT too; it used to exit 130, and the
+    # loop went on to its next turn.
+    if command -v setsid >/dev/null; then
+        fresh
+        setsid env --default-signal=INT bash -c 'for i in 1 2; do "$0" -n 1 "$1" waitsig; echo "turn $i ended: $?"; done; echo "loop finished"' \
+            "$RUN" "$PROBE" >"$TMP/out" 2>"$TMP/err" &
+        job=$!
+        wait_for "$TMP/out" 'ready$' 1 10
+        kill -INT -- -"$job"
+        finish 130 "a shell loop given Ctrl-C"
+        lacks "$TMP/out" 'turn 1 ended' "the loop went on after Ctrl-C"
+        lacks "$TMP/out" 'loop finished' "the loop finished after Ctrl-C"
+    fi
 else
     echo "note: env --default-signal unsupported; SIGINT forwarding not tested"
 fi
