@@ -82,12 +82,14 @@ static const field_t fields[] = {
      .type = FIELD_DURATION,
      .dflt = "30s",
      .offset = OFF(connect_timeout_ns),
+     .min = 1,
      .doc = "how long to keep trying to reach the store on MASTER_ADDR:MASTER_PORT"},
     {.name = "TERN_TIMEOUT",
      .group = "tern",
      .type = FIELD_DURATION,
      .dflt = "300s",
      .offset = OFF(timeout_ns),
+     .min = 1,
      .doc = "default timeout of blocking store calls (get, wait, barrier), of finalize, and of a "
             "collective that makes no progress"},
     {.name = "TERN_TRANSPORT",
@@ -505,8 +507,14 @@ static tern_status_t set_field(const field_t *f, const char *s, tern__config_t *
         return tern__parse_bool(s, (bool *)base);
     case FIELD_ENUM:
         return parse_enum(s, f->values, (int64_t *)base);
-    case FIELD_DURATION:
-        return tern__parse_duration(s, (int64_t *)base);
+    case FIELD_DURATION: {
+        tern_status_t st = tern__parse_duration(s, (int64_t *)base);
+        /* A timeout of 0 would end every call it bounds at once (tern_init
+         * failed with "waiting for a reply timed out"). */
+        if (st == TERN_OK && f->min > 0 && *(int64_t *)base < f->min)
+            return tern__error(TERN_ERR_CONFIG, "must be above 0");
+        return st;
+    }
     case FIELD_SIZE:
         return tern__parse_size(s, (uint64_t *)base);
     case FIELD_STRING:

@@ -86,6 +86,18 @@ static tern_store_t *store_alloc(int64_t timeout_ns)
  * server's detail becomes this thread's tern_last_error(). *body_out (if not
  * NULL) receives a malloc'ed, NUL-terminated copy of the response body.
  */
+/* A key as an error shows it: keys run to 4096 bytes, the error's detail to
+ * 511, and a long key in front left no room for the reason. */
+#define KEY_SHOWN 96
+static const char *key_shown(const char *key, char buf[KEY_SHOWN])
+{
+    size_t len = strlen(key);
+    if (len <= 64)
+        return key;
+    snprintf(buf, KEY_SHOWN, "%.48s... (%zu bytes)", key, len);
+    return buf;
+}
+
 static pthread_once_t job_once = PTHREAD_ONCE_INIT;
 static char job_key[160];
 
@@ -314,12 +326,14 @@ static tern_status_t mem_wait_keys(tern_store_t *s, const char *const *keys, siz
         if (i == nkeys)
             return TERN_OK;
         if (tern_clock_ns() >= deadline) {
+            char shown[KEY_SHOWN];
             if (nkeys == 1)
-                return tern__error(TERN_ERR_TIMEOUT, "store: %s('%s') timed out after %" PRId64 " ms",
-                                   what, keys[i], timeout_ns / 1000000);
+                return tern__error(TERN_ERR_TIMEOUT,
+                                   "store: %s('%s') timed out after %" PRId64 " ms", what,
+                                   key_shown(keys[i], shown), timeout_ns / 1000000);
             return tern__error(TERN_ERR_TIMEOUT,
                                "store: %s timed out after %" PRId64 " ms; '%s' never set", what,
-                               timeout_ns / 1000000, keys[i]);
+                               timeout_ns / 1000000, key_shown(keys[i], shown));
         }
         pthread_cond_timedwait(&s->cond, &s->lock, &ts);
     }
@@ -368,9 +382,11 @@ tern_status_t tern_store_set(tern_store_t *store, const char *key, const void *v
         return tern__error(TERN_ERR_INVALID_PARAM, "store set: NULL store or value");
     if ((st = check_key(key)) != TERN_OK)
         return st;
+    char shown[KEY_SHOWN];
     if (len > TERN_STORE_VALUE_MAX)
-        return tern__error(TERN_ERR_INVALID_PARAM, "store set('%s'): value of %zu bytes exceeds %u",
-                           key, len, TERN_STORE_VALUE_MAX);
+        return tern__error(TERN_ERR_INVALID_PARAM,
+                           "store set: a value of %zu bytes exceeds %u (key '%s')", len,
+                           TERN_STORE_VALUE_MAX, key_shown(key, shown));
     if (store->kv == NULL)
         return tcp_request(store, TERN__STORE_SET, &key, 1, value, len, 0,
                            tern__deadline(store->timeout_ns), NULL, NULL, NULL);

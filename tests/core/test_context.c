@@ -121,13 +121,33 @@ static void test_threads_tcp_store(void **state)
 
 /* ---- bootstrap from the environment (world of 1, so no peers needed) ---- */
 
-static const char *const launcher_vars[] = {
-    "TERN_RANK", "TERN_WORLD_SIZE", "TERN_LOCAL_RANK", "TERN_LOCAL_WORLD_SIZE",
-    "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
-    "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
-    "OMPI_COMM_WORLD_LOCAL_SIZE", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS",
-    "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "TERN_LOG", "MASTER_PORT",
-    "TERN_MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE", "TERN_PROGRESS_NAP", NULL};
+static const char *const launcher_vars[] = {"TERN_RANK",
+                                            "TERN_WORLD_SIZE",
+                                            "TERN_LOCAL_RANK",
+                                            "TERN_LOCAL_WORLD_SIZE",
+                                            "RANK",
+                                            "WORLD_SIZE",
+                                            "LOCAL_RANK",
+                                            "LOCAL_WORLD_SIZE",
+                                            "OMPI_COMM_WORLD_RANK",
+                                            "OMPI_COMM_WORLD_SIZE",
+                                            "OMPI_COMM_WORLD_LOCAL_RANK",
+                                            "OMPI_COMM_WORLD_LOCAL_SIZE",
+                                            "PMI_RANK",
+                                            "PMI_SIZE",
+                                            "MPI_LOCALRANKID",
+                                            "MPI_LOCALNRANKS",
+                                            "SLURM_PROCID",
+                                            "SLURM_NTASKS",
+                                            "SLURM_LOCALID",
+                                            "TERN_LOG",
+                                            "MASTER_PORT",
+                                            "TERN_MASTER_PORT",
+                                            "TORCHELASTIC_USE_AGENT_STORE",
+                                            "TERN_PROGRESS_NAP",
+                                            "TERN_TIMEOUT",
+                                            "TERN_CONNECT_TIMEOUT",
+                                            NULL};
 
 static int clear_env(void **state)
 {
@@ -235,6 +255,14 @@ static void test_bad_environment(void **state)
     clear_env(NULL);
     setenv("TERN_PROGRESS_NAP", "0", 1);
     expect_init_error(TERN_ERR_CONFIG, "TERN_PROGRESS_NAP must be above 0");
+    clear_env(NULL);
+    /* A timeout of 0 ended every store call at once ("waiting for a reply
+     * timed out" from tern_init): refused, naming it. */
+    setenv("TERN_TIMEOUT", "0", 1);
+    expect_init_error(TERN_ERR_CONFIG, "TERN_TIMEOUT=0: must be above 0");
+    clear_env(NULL);
+    setenv("TERN_CONNECT_TIMEOUT", "0ms", 1);
+    expect_init_error(TERN_ERR_CONFIG, "TERN_CONNECT_TIMEOUT=0ms: must be above 0");
     clear_env(NULL);
 }
 

@@ -213,6 +213,16 @@ static void test_memory_timeouts_and_errors(void **state)
     (void)state;
     assert_int_equal(tern_store_memory_create(1, 10 * SEC, &s), TERN_OK);
     check_timeouts_and_errors(s);
+    /* A key of the longest kind and a value too big: the reason comes first
+     * and the key is cut (it filled the detail, hiding the reason). */
+    static char key[TERN_STORE_KEY_MAX + 1];
+    memset(key, 'k', TERN_STORE_KEY_MAX);
+    assert_int_equal(tern_store_set(s, key, "x", (size_t)TERN_STORE_VALUE_MAX + 1),
+                     TERN_ERR_INVALID_PARAM);
+    if (strstr(tern_last_error(), "exceeds") == NULL ||
+        strstr(tern_last_error(), "(4096 bytes)") == NULL)
+        fail_msg("the detail hides the reason: %s", tern_last_error());
+    assert_int_equal(tern_store_get(s, key, NULL, NULL, 1000000), TERN_ERR_INVALID_PARAM);
     tern_store_close(s);
 }
 
