@@ -15,21 +15,27 @@
 static tern_ctx_t *ctx;
 static tern_store_t *store;
 
-static int setup(void **state)
+/* A context of world size 1 over in-memory store s. */
+static tern_status_t one_rank_init(tern_store_t *s, tern_ctx_t **out)
 {
-    (void)state;
-    if (tern_store_memory_create(1, 10 * SEC, &store) != TERN_OK)
-        return -1;
     tern_init_params_t p = {
         .field_mask = TERN_INIT_PARAM_RANK | TERN_INIT_PARAM_WORLD_SIZE | TERN_INIT_PARAM_THREADS |
                       TERN_INIT_PARAM_STORE | TERN_INIT_PARAM_TIMEOUT,
         .rank = 0,
         .world_size = 1,
         .threads = 1,
-        .store = store,
+        .store = s,
         .timeout_ns = 10 * SEC,
     };
-    if (tern_init(&p, &ctx) != TERN_OK) {
+    return tern_init(&p, out);
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    if (tern_store_memory_create(1, 10 * SEC, &store) != TERN_OK)
+        return -1;
+    if (one_rank_init(store, &ctx) != TERN_OK) {
         fprintf(stderr, "tern_init: %s\n", tern_last_error());
         return -1;
     }

@@ -784,16 +784,7 @@ static void test_finalize_running(void **state)
     tern_store_t *st2;
     tern_ctx_t *c2;
     assert_int_equal(tern_store_memory_create(1, 10 * SEC, &st2), TERN_OK);
-    tern_init_params_t p = {
-        .field_mask = TERN_INIT_PARAM_RANK | TERN_INIT_PARAM_WORLD_SIZE | TERN_INIT_PARAM_THREADS |
-                      TERN_INIT_PARAM_STORE | TERN_INIT_PARAM_TIMEOUT,
-        .rank = 0,
-        .world_size = 1,
-        .threads = 1,
-        .store = st2,
-        .timeout_ns = 10 * SEC,
-    };
-    assert_int_equal(tern_init(&p, &c2), TERN_OK);
+    assert_int_equal(one_rank_init(st2, &c2), TERN_OK);
     assert_int_equal(tern_prof_start(c2, NULL), TERN_OK);
     tern_prof_range_end(tern_prof_range_begin("before finalize"));
     assert_int_equal(tern_finalize(c2), TERN_OK);
