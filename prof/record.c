@@ -582,6 +582,16 @@ void tern_prof_range_end(tern_prof_range_t h)
     int64_t t = (h & H_CAPTURE) ? now() : ticks();
     tern__prof_capture_t *locked;
     tern__prof_rec_t *r = range_rec(h, &locked);
+    if (r != NULL && atomic_load_explicit(&r->end, memory_order_relaxed) != 0) {
+        /* Ended twice, or ended on another thread than its begin, whose
+         * handle then names one of this thread's ranges: rewriting an end
+         * gave it a made-up length (a 10 ms range recorded as 210 ms). */
+        static atomic_bool said;
+        if (!atomic_exchange(&said, true))
+            tern_warn("tern_prof_range_end: the range had ended already (ended twice, or on "
+                      "another thread than its begin); ignored (said once)");
+        r = NULL;
+    }
     if (r != NULL) {
         if (locked == NULL)
             t = buf_tick(tl_buf, t);

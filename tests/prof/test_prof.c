@@ -775,6 +775,26 @@ static void test_counter_clock(void **state)
     assert_int_equal(the("short inner")->depth, 1);
 }
 
+/* A range ended twice keeps its first end (the second rewrote it: a 10 ms
+ * range became 210 ms), and the range after it is untouched. */
+static void test_end_twice(void **state)
+{
+    (void)state;
+    start(0);
+    int64_t before = tern_prof_clock_ns();
+    tern_prof_range_t r = tern_prof_range_begin("ended twice");
+    tern_prof_range_end(r);
+    int64_t after = tern_prof_clock_ns();
+    tern_prof_range_t next = tern_prof_range_begin("next");
+    struct timespec nap = {0, 20 * 1000 * 1000};
+    nanosleep(&nap, NULL);
+    tern_prof_range_end(r);
+    tern_prof_range_end(next);
+    stop();
+    between(the("ended twice"), before, after);
+    assert_true(the("next")->end_ns - the("next")->start_ns >= 20 * 1000 * 1000);
+}
+
 /* tern_finalize with a session running on its context stops the session
  * (which kept the freed context: tern_prof_stop afterwards read it); the
  * results stay readable, and a later stop says no session runs. */
@@ -804,6 +824,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_finalize_running),
+        cmocka_unit_test(test_end_twice),
         cmocka_unit_test(test_session_errors),
         cmocka_unit_test(test_off),
         cmocka_unit_test(test_nesting),
