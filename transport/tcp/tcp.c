@@ -67,14 +67,14 @@
 #define PIPE_SIZE (1 << 20)          /* splice_payload()'s pipe: the unprivileged maximum */
 
 enum frame_type {
-    F_HELLO = 1,     /* payload: magic u32, version u8, 3 zero, self_id u32, instance u64 */
-    F_BYE = 2,       /* graceful close: the other side hears TERN_ERR_CLOSED, not a loss */
-    F_SEND = 3,      /* imm, payload */
-    F_PUT = 4,       /* op_id, key, raddr, size, flags(IMM), imm, payload = size bytes */
-    F_PUT_ACK = 5,   /* op_id, status */
-    F_GET = 6,       /* op_id, key, raddr, size */
-    F_GET_DATA = 7,  /* op_id, status, payload = size bytes when status is OK */
-    F_SWITCH = 8,    /* the last frame of a losing connection (see above) */
+    F_HELLO = 1,   /* payload: magic u32, version u8, 3 zero, self_id u32, instance u64 */
+    F_BYE = 2,     /* graceful close: the other side hears TERN_ERR_CLOSED, not a loss */
+    F_SEND = 3,    /* imm, payload */
+    F_PUT = 4,     /* op_id, key, raddr, size, flags(IMM), imm, payload = size bytes */
+    F_PUT_ACK = 5, /* op_id, status */
+    F_GET = 6,     /* op_id, key, raddr, size */
+    F_GET_DATA = 7, /* op_id, status, payload = size bytes when status is OK */
+    F_SWITCH = 8,   /* the last frame of a losing connection (see above) */
     F_SWITCH_ACK = 9 /* everything before the SWITCH is handled */
 };
 #define FLAG_IMM 1u
