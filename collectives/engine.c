@@ -687,13 +687,9 @@ static void progress_hook(tern__comm_t *comm, bool check_time, bool locked)
     if (check_time && comm->rtr_waits != NULL)
         tern__p2p_rtr_tick(comm, tern_clock_ns());
     coll_state_t *cs = state_locked(comm);
-    size_t total = 0, start = 0;
-    for (tern__coll_t *c = cs->active; c != NULL && total <= PICK_MAX; c = c->next)
-        total++;
+    /* coll_active counts the list: both change together under the lock. */
+    size_t total = atomic_load_explicit(&comm->coll_active, memory_order_relaxed), start = 0;
     if (total > PICK_MAX) { /* more than one pass takes: from the turn's place on, round */
-        total = 0;
-        for (tern__coll_t *c = cs->active; c != NULL; c = c->next)
-            total++;
         start = cs->turn++ % total;
         more = true;
     }

@@ -1312,6 +1312,13 @@ static void dispatch(rpc_t *rpc, call_t *c)
  * come after this worker's owners are torn down. A record that names no
  * rank cannot be settled.
  */
+/* The owner has fork of RRef id: its parent, waiting on it, may let go. */
+static void send_accept(rpc_t *rpc, int parent, uint64_t id, uint64_t fork)
+{
+    hdr_t h = {.type = M_ACCEPT, .target = id, .aux1 = fork};
+    send_ctl(rpc, parent, &h);
+}
+
 static void settle_rref(rpc_t *rpc, const uint8_t *p)
 {
     int owner = (int)tern__get_le32(p);
@@ -1326,8 +1333,7 @@ static void settle_rref(rpc_t *rpc, const uint8_t *p)
     } else if (!(flags & RA_CHILD)) {
         return; /* nobody waits on it */
     } else if (owner == rpc->rank) {
-        hdr_t acc = {.type = M_ACCEPT, .target = id, .aux1 = fork};
-        send_ctl(rpc, parent, &acc);
+        send_accept(rpc, parent, id, fork);
     } else {
         /* The owner accepts the fork to the parent, then drops it: the two
          * go on one connection, in order. */
@@ -1361,10 +1367,8 @@ static tern_status_t take_rref(rpc_t *rpc, const uint8_t *p, tern_rref_t **out)
     if (owner == rpc->rank && rpc->closed) {
         /* Its owners are torn down: nothing to record (rref_finish sends
          * nothing for it either), but a sender's child still waits. */
-        if (flags & RA_CHILD) {
-            hdr_t h = {.type = M_ACCEPT, .target = id, .aux1 = fork};
-            send_ctl(rpc, parent, &h);
-        }
+        if (flags & RA_CHILD)
+            send_accept(rpc, parent, id, fork);
     } else if (owner == rpc->rank) {
         owner_t *o = owner_get(rpc, id);
         if (o == NULL ||
@@ -1373,10 +1377,8 @@ static tern_status_t take_rref(rpc_t *rpc, const uint8_t *p, tern_rref_t **out)
             settle_rref(rpc, p);
             return tern__error(TERN_ERR_NO_MEMORY, "rpc: out of memory");
         }
-        if (flags & RA_CHILD) {
-            hdr_t h = {.type = M_ACCEPT, .target = id, .aux1 = fork};
-            send_ctl(rpc, parent, &h);
-        }
+        if (flags & RA_CHILD)
+            send_accept(rpc, parent, id, fork);
     } else if (flags & RA_CHILD) {
         /* Not settled on a failure: the owner is out of reach. */
         hdr_t h = {.type = M_FORK, .target = id, .aux1 = fork, .aux2 = (uint64_t)parent};
@@ -2043,9 +2045,8 @@ static void handle_ctl(rpc_t *rpc, int src, const hdr_t *h)
                       (unsigned long long)h->aux2);
             return;
         }
-        hdr_t a = {.type = M_ACCEPT, .target = h->target, .aux1 = h->aux1};
         if (rpc->closed) { /* the object is gone: accept, record nothing */
-            send_ctl(rpc, (int)h->aux2, &a);
+            send_accept(rpc, (int)h->aux2, h->target, h->aux1);
             return;
         }
         owner_t *o = owner_get(rpc, h->target);
@@ -2057,7 +2058,7 @@ static void handle_ctl(rpc_t *rpc, int src, const hdr_t *h)
         if (owner_add_fork(o, h->aux1, src) != TERN_OK)
             tern_error("rpc: cannot record a fork of RRef %#llx: the object may be freed early",
                        (unsigned long long)h->target);
-        send_ctl(rpc, (int)h->aux2, &a);
+        send_accept(rpc, (int)h->aux2, h->target, h->aux1);
         return;
     }
     case M_ACCEPT:
@@ -2288,26 +2289,24 @@ static tern_status_t call_out(rpc_t *rpc, int dst, uint8_t type, uint64_t target
     tern__comm_t *comm = rpc->comm;
     if (timeout_ns == TERN_RPC_TIMEOUT_DEFAULT)
         timeout_ns = rpc->timeout_ns;
-    uint64_t start = timeout_ns > 0 ? tern_clock_ns() : 0;
-    if (window_wait(rpc, dst, timeout_ns > 0 ? start + (uint64_t)timeout_ns : 0) != TERN_OK)
-        return tern__error(TERN_ERR_TIMEOUT,
-                           "%s '%s' on %s: no room after %lld ms (%u calls in flight to it, "
-                           "TERN_RPC_WINDOW)",
-                           type == M_TO_HERE ? "to_here"
-                           : target          ? "RRef call"
-                                             : "rpc",
-                           fn, wname(rpc, dst), (long long)(timeout_ns / 1000000), rpc->window);
-    tern_future_t *f = future_new(rpc);
-    tern_status_t st = TERN_OK;
-    if (f == NULL)
-        return tern__error(TERN_ERR_NO_MEMORY, "rpc: out of memory");
-    f->target = dst;
-    snprintf(f->what, sizeof(f->what), "%s '%s' on %s",
+    char what[sizeof(((tern_future_t *)0)->what)];
+    snprintf(what, sizeof(what), "%s '%s' on %s",
              type == M_TO_HERE  ? "to_here"
              : type == M_REMOTE ? "remote"
              : target           ? "RRef call"
                                 : "rpc",
              fn, wname(rpc, dst));
+    uint64_t start = timeout_ns > 0 ? tern_clock_ns() : 0;
+    if (window_wait(rpc, dst, timeout_ns > 0 ? start + (uint64_t)timeout_ns : 0) != TERN_OK)
+        return tern__error(TERN_ERR_TIMEOUT,
+                           "%s: no room after %lld ms (%u calls in flight to it, TERN_RPC_WINDOW)",
+                           what, (long long)(timeout_ns / 1000000), rpc->window);
+    tern_future_t *f = future_new(rpc);
+    tern_status_t st = TERN_OK;
+    if (f == NULL)
+        return tern__error(TERN_ERR_NO_MEMORY, "rpc: out of memory");
+    f->target = dst;
+    memcpy(f->what, what, sizeof(what));
     /* Before the lock: the first profiled call to a peer measures its clock. */
     const char *label = tl_call_label ? tl_call_label : type == M_REMOTE ? "remote" : "rpc_async";
     tl_call_label = NULL;
