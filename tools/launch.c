@@ -31,6 +31,7 @@
 #include "core/topology.h"
 #include "launch.h"
 #include "lines.h"
+#include "procs.h"
 
 extern char **environ;
 
@@ -42,14 +43,25 @@ extern char **environ;
  * SIGKILL that ends the job: only one stuck in the kernel takes long. */
 #define END_NS (3000000000ll)
 
+/* What a signal sent to tern-run does to the job. */
+typedef enum fwd_kind {
+    FWD_PASS,    /* forwarded; the job goes on */
+    FWD_END,     /* forwarded; the job is ending: SIGKILL what is left after the grace */
+    FWD_SUSPEND, /* job control (Ctrl-Z): stop the ranks, then tern-run */
+    FWD_RESUME,  /* SIGCONT: continue the ranks */
+} fwd_kind_t;
+
 /* The signals tern-run passes on to every rank's process group. */
 static const struct {
     int signo;
     const char *name;
-    bool stops; /* the job is ending: SIGKILL what is left after the grace */
+    fwd_kind_t kind;
 } forwarded[] = {
-    {SIGINT, "SIGINT", true},   {SIGTERM, "SIGTERM", true}, {SIGHUP, "SIGHUP", true},
-    {SIGQUIT, "SIGQUIT", true}, {SIGUSR1, "SIGUSR1", false}, {SIGUSR2, "SIGUSR2", false},
+    {SIGINT, "SIGINT", FWD_END},       {SIGTERM, "SIGTERM", FWD_END},
+    {SIGHUP, "SIGHUP", FWD_END},       {SIGQUIT, "SIGQUIT", FWD_END},
+    {SIGUSR1, "SIGUSR1", FWD_PASS},    {SIGUSR2, "SIGUSR2", FWD_PASS},
+    {SIGTSTP, "SIGTSTP", FWD_SUSPEND}, {SIGTTIN, "SIGTTIN", FWD_SUSPEND},
+    {SIGTTOU, "SIGTTOU", FWD_SUSPEND}, {SIGCONT, "SIGCONT", FWD_RESUME},
 };
 #define NFORWARDED (sizeof(forwarded) / sizeof(forwarded[0]))
 
@@ -260,8 +272,11 @@ static bool install_handlers(job_t *job)
     sa.sa_flags = SA_RESTART;
     for (size_t i = 0; i < NFORWARDED; i++) {
         /* A signal ignored when we start (nohup, a background job of a
-         * non-interactive shell) stays ignored, for us and for the ranks. */
-        job->ignored[i] = job->old_actions[i].sa_handler == SIG_IGN;
+         * non-interactive shell) stays ignored, for us and for the ranks.
+         * SIGCONT continues a stopped process whatever its action, so the
+         * ranks must hear it even then. */
+        job->ignored[i] =
+            job->old_actions[i].sa_handler == SIG_IGN && forwarded[i].kind != FWD_RESUME;
         if (!job->ignored[i] && sigaction(forwarded[i].signo, &sa, NULL) < 0)
             goto fail;
     }
@@ -573,6 +588,45 @@ static void reap(job_t *job)
     }
 }
 
+static void flush_outputs(job_t *job)
+{
+    tr_output_flush(job->out);
+    tr_output_flush(job->err);
+    if (job->out->broken && !job->out_reported) {
+        report(job, "cannot write to stdout: %s; discarding the ranks' output",
+               strerror(job->out->error));
+        job->out_reported = true;
+    }
+}
+
+/*
+ * Ctrl-Z: the ranks stop with tern-run, and continue with it, as a program run
+ * directly would (they are not in the terminal's process group, so the
+ * terminal's SIGTSTP reaches tern-run alone). Both stop by SIGSTOP, as
+ * mpirun's forwarded job control does: a rank may catch SIGTSTP and go on,
+ * and the kernel discards the terminal stop signals sent to a process group
+ * it counts as orphaned; either would leave half the job stopped. Time spent
+ * stopped does not count against --timeout (Slurm does not count a suspended
+ * job's time against its limit either).
+ */
+static void suspend(job_t *job)
+{
+    uint64_t t0 = tern_clock_ns(), stopped;
+
+    flush_outputs(job);
+    signal_live(job, SIGSTOP);
+    raise(SIGSTOP);
+    /* Continued. The SIGCONT handler's flag forwards it too; twice does no harm. */
+    stopped = tern_clock_ns() - t0;
+    if (job->timeout_at != 0)
+        job->timeout_at += stopped;
+    if (job->stop != RUNNING && !job->killed)
+        job->kill_at += stopped;
+    if (job->drain_at != 0)
+        job->drain_at += stopped;
+    signal_live(job, SIGCONT);
+}
+
 static void handle_signals(job_t *job)
 {
     unsigned char buf[64];
@@ -588,8 +642,12 @@ static void handle_signals(job_t *job)
         if (!sig_pending[signo])
             continue;
         sig_pending[signo] = 0;
+        if (forwarded[i].kind == FWD_SUSPEND) {
+            suspend(job);
+            continue;
+        }
         signal_live(job, signo);
-        if (forwarded[i].stops && job->stop == RUNNING) {
+        if (forwarded[i].kind == FWD_END && job->stop == RUNNING) {
             report(job, "received %s; forwarded it to %u rank%s", forwarded[i].name, job->live,
                    job->live == 1 ? "" : "s");
             stop_job(job, STOP_SIGNAL, 128 + signo, signo);
@@ -599,17 +657,6 @@ static void handle_signals(job_t *job)
 
 /* ---- the loop ---- */
 
-static void flush_outputs(job_t *job)
-{
-    tr_output_flush(job->out);
-    tr_output_flush(job->err);
-    if (job->out->broken && !job->out_reported) {
-        report(job, "cannot write to stdout: %s; discarding the ranks' output",
-               strerror(job->out->error));
-        job->out_reported = true;
-    }
-}
-
 static uint64_t earliest(uint64_t a, uint64_t b)
 {
     if (a == 0)
@@ -617,6 +664,27 @@ static uint64_t earliest(uint64_t a, uint64_t b)
     if (b == 0)
         return a;
     return a < b ? a : b;
+}
+
+/* Whether rank r's process group may still hold processes to signal. A rank
+ * not yet reaped pins its pid, and so its group id. Once it is reaped and its
+ * group empties, the kernel may give that number to any new process, and a
+ * new group leader (setsid, a shell's job) on a busy node whose pids wrapped
+ * would take the signal meant for the rank's leftovers. So a reaped rank's
+ * group is signalled only while one of its processes descends from tern-run,
+ * which as the child subreaper adopts all that the ranks leave behind. procs:
+ * a snapshot of /proc, or NULL when there is none, and then kill(0) decides. */
+static bool group_left(const job_t *job, unsigned r, const tr_procs_t *procs)
+{
+    pid_t pgid = job->ranks[r].pid;
+
+    if (pgid <= 0)
+        return false;
+    if (job->ranks[r].live)
+        return true;
+    if (procs != NULL)
+        return tr_procs_group_ours(procs, pgid);
+    return kill(-pgid, 0) == 0;
 }
 
 /* Deadlines that have passed: the timeout, the kill after the grace, the end
@@ -644,9 +712,13 @@ static bool check_deadlines(job_t *job, uint64_t now)
         if (now >= job->drain_at) {
             /* Every rank has exited but something still holds its pipes:
              * processes it left in its group. Do not wait for them. */
+            tr_procs_t procs;
+            bool have = tr_procs_load(&procs);
             for (unsigned r = 0; r < job->started; r++)
-                if (job->ranks[r].out.fd >= 0 || job->ranks[r].err.fd >= 0)
+                if ((job->ranks[r].out.fd >= 0 || job->ranks[r].err.fd >= 0) &&
+                    group_left(job, r, have ? &procs : NULL))
                     kill(-job->ranks[r].pid, SIGKILL);
+            tr_procs_free(&procs);
             return false;
         }
     }
@@ -730,15 +802,19 @@ static void end_groups(job_t *job)
 
     for (;;) {
         unsigned left = 0;
+        tr_procs_t procs;
+        bool have;
 
         while (waitpid(-1, NULL, WNOHANG) > 0) {
         }
+        have = tr_procs_load(&procs);
         for (unsigned r = 0; r < job->started; r++) {
-            if (job->ranks[r].pid > 0 && kill(-job->ranks[r].pid, 0) == 0) {
+            if (group_left(job, r, have ? &procs : NULL)) {
                 kill(-job->ranks[r].pid, SIGKILL);
                 left++;
             }
         }
+        tr_procs_free(&procs);
         if (left == 0)
             return;
         if (tern_clock_ns() >= deadline) {

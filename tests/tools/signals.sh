@@ -106,4 +106,38 @@ sleep 0.2
 kill -USR1 "$job"
 finish 0 "SIGHUP ignored at start, then SIGUSR1"
 lacks "$TMP/out" 'got SIGHUP' "SIGHUP was ignored"
+# Ctrl-Z: SIGTSTP to tern-run stops the ranks (and what they started) and
+# tern-run; SIGCONT continues them all. The terminal's SIGTSTP reaches only
+# tern-run, whose ranks are in other process groups: they used to run on
+# behind a stopped tern-run. Time stopped does not count against --timeout:
+# stopped 5 s, a 4 s timeout has not run out when the job continues.
+state() { awk '{print $3}' "/proc/$1/stat" 2>/dev/null || echo gone; }
+until_state() { # pid regex what
+    local deadline=$(($(now_ms) + 10000))
+    until [[ "$(state "$1")" =~ $2 ]]; do
+        [ "$(now_ms)" -lt "$deadline" ] || { show; fail "$3: pid $1 in state $(state "$1")"; }
+        sleep 0.05
+    done
+}
+rm -f "$TMP"/rank.*.pid "$TMP"/child.*.pid
+start --timeout 4s -n 2 "$PROBE" pidfile "$TMP" detach "$TMP" waitsig echo finished
+wait_for "$TMP/out" 'ready$' 2 10
+kill -TSTP "$job"
+until_state "$job" '^T$' "tern-run stopped on SIGTSTP"
+for r in 0 1; do
+    until_state "$(pid_in "$TMP/rank.$r.pid")" '^T$' "rank $r stopped with tern-run"
+    until_state "$(pid_in "$TMP/child.$r.pid")" '^T$' "rank $r's child stopped with tern-run"
+done
+sleep 5
+kill -CONT "$job"
+until_state "$job" '^[RS]$' "tern-run continued"
+for r in 0 1; do
+    until_state "$(pid_in "$TMP/rank.$r.pid")" '^[RS]$' "rank $r continued"
+    until_state "$(pid_in "$TMP/child.$r.pid")" '^[RS]$' "rank $r's child continued"
+done
+kill -USR1 "$job"
+finish 0 "SIGTSTP, then SIGCONT"
+has "$TMP/out" '^\[0\] finished$' "rank 0 finished after SIGCONT"
+has "$TMP/out" '^\[1\] finished$' "rank 1 finished after SIGCONT"
+lacks "$TMP/err" 'timed out' "time stopped counted against --timeout"
 echo "PASS"
