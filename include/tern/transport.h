@@ -233,7 +233,8 @@ typedef void (*tern_comp_fn)(void *arg, tern_status_t status);
 enum tern_op_param_field {
     TERN_OP_PARAM_CB = 1u << 0,  /* call cb(cb_arg, status) on completion */
     TERN_OP_PARAM_IMM = 1u << 1, /* put: raise TERN_EVENT_PUT_IMM with imm at the target */
-    TERN_OP_PARAM_MR = 1u << 2,  /* the local buffer lies in mr (required by put/get) */
+    TERN_OP_PARAM_MR = 1u << 2,  /* the local buffer lies in mr (required by put/get, and by a
+                                    send from device memory: without it the buffer is host memory) */
 };
 
 #define TERN_INLINE_PREFIX_MAX 64
@@ -251,7 +252,10 @@ typedef struct tern_op_params {
  * TERN_EVENT_RECV. Sends on one endpoint arrive in order. The buffer must stay
  * untouched until completion (see the completion rule above), except that a
  * host buffer of up to attr.max_inline bytes is copied before this returns and
- * may be reused at once, even when the send completes later.
+ * may be reused at once, even when the send completes later. The buffer is host
+ * memory unless TERN_OP_PARAM_MR names a TERN_MEM_CUDA registration holding it:
+ * providers do not probe pointers, so device memory sent without its
+ * registration is read as host memory (a fault, or wrong bytes).
  */
 TERN_API tern_status_t tern_ep_send(tern_ep_t *ep, uint32_t imm, const void *buf, size_t len,
                                     const tern_op_params_t *params);
