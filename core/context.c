@@ -6,6 +6,7 @@
  */
 #include <errno.h>
 #include <inttypes.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -134,6 +135,14 @@ static tern_status_t serve_store(tern_ctx_t *ctx, const char *addr, unsigned por
     return tern_store_server_start(NULL, port, ctx->world_size, &ctx->server);
 }
 
+static tern_status_t host_name(char *host, size_t size)
+{
+    if (gethostname(host, size) != 0)
+        return tern__error_errno(TERN_ERR_IO, errno, "gethostname");
+    host[size - 1] = '\0';
+    return TERN_OK;
+}
+
 /*
  * Fill in local rank and local world size where no launcher gave them: ranks
  * count themselves per host name in the store.
@@ -146,9 +155,8 @@ static tern_status_t discover_local(tern_ctx_t *ctx, ids_t *ids)
 
     if (ids->local_rank != TERN__UNSET && ids->local_world_size != TERN__UNSET)
         return TERN_OK;
-    if (gethostname(host, sizeof(host)) != 0)
-        return tern__error_errno(TERN_ERR_IO, errno, "gethostname");
-    host[sizeof(host) - 1] = '\0';
+    if ((st = host_name(host, sizeof(host))) != TERN_OK)
+        return st;
     snprintf(key, sizeof(key), "tern/local/%s", host);
     if ((st = tern_store_add(ctx->store, key, 1, &n)) != TERN_OK)
         return st;
@@ -161,6 +169,76 @@ static tern_status_t discover_local(tern_ctx_t *ctx, ids_t *ids)
         return st;
     if (ids->local_world_size == TERN__UNSET)
         ids->local_world_size = n;
+    return TERN_OK;
+}
+
+/* A digest of this thread's CPU affinity (FNV-1a over the mask), or false
+ * when it cannot be read. Processes of one host read masks of one size, since
+ * the loop's sizes depend only on the kernel's CPU count. */
+static bool affinity_digest(uint64_t *digest)
+{
+    for (size_t ncpu = 1024; ncpu <= (1u << 20); ncpu *= 2) {
+        cpu_set_t *set = CPU_ALLOC(ncpu);
+        size_t size = CPU_ALLOC_SIZE(ncpu);
+        uint64_t h = 1469598103934665603ull;
+        int err;
+
+        if (set == NULL)
+            return false;
+        if (sched_getaffinity(0, size, set) == 0) {
+            for (size_t i = 0; i < size; i++)
+                h = (h ^ ((const unsigned char *)set)[i]) * 1099511628211ull;
+            CPU_FREE(set);
+            *digest = h;
+            return true;
+        }
+        err = errno;
+        CPU_FREE(set);
+        if (err != EINVAL) /* EINVAL: the kernel has more CPUs than the mask holds */
+            return false;
+    }
+    return false;
+}
+
+/*
+ * How many ranks on this host run on exactly this process's cores, and which
+ * of them this one is, for the pool (see tern__placement_init: ranks bound to
+ * one socket would each bind a full pool to the same cores). Counted per host
+ * and affinity in the store, then read after a barrier of the whole world:
+ * every rank takes part, so none waits on a count another rank skipped.
+ * Ranks that all share one set keep their local rank as their index, as
+ * before anything was counted; a smaller group numbers itself by arrival.
+ * *size 0: unknown (the affinity could not be read).
+ */
+static tern_status_t count_sharers(tern_ctx_t *ctx, unsigned *index, unsigned *size)
+{
+    char host[256], key[512];
+    uint64_t digest = 0;
+    bool known = affinity_digest(&digest);
+    int64_t n, total;
+    tern_status_t st;
+
+    *index = *size = 0;
+    if (ctx->world_size == 1)
+        return TERN_OK;
+    if ((st = host_name(host, sizeof(host))) != TERN_OK)
+        return st;
+    if (known)
+        snprintf(key, sizeof(key), "tern/affinity/%s/%016" PRIx64, host, digest);
+    else
+        snprintf(key, sizeof(key), "tern/affinity/%s/unknown", host);
+    if ((st = tern_store_add(ctx->store, key, 1, &n)) != TERN_OK)
+        return st;
+    if ((st = tern_store_barrier(ctx->store, "tern/affinity", ctx->world_size, ctx->timeout_ns)) !=
+        TERN_OK)
+        return st;
+    if ((st = tern_store_add(ctx->store, key, 0, &total)) != TERN_OK)
+        return st;
+    if (!known || n < 1 || n > total)
+        return TERN_OK;
+    *size = (unsigned)total;
+    *index = total == ctx->local_world_size && ctx->local_rank < total ? ctx->local_rank
+                                                                      : (unsigned)(n - 1);
     return TERN_OK;
 }
 
@@ -213,6 +291,10 @@ static tern_status_t setup_store(tern_ctx_t *ctx, const tern_init_params_t *p)
 static tern_status_t start_pool(tern_ctx_t *ctx, const tern_init_params_t *p)
 {
     const uint64_t m = p ? p->field_mask : 0;
+    unsigned share_rank, share_size;
+    tern_status_t st = count_sharers(ctx, &share_rank, &share_size);
+    if (st != TERN_OK)
+        return st;
     tern_pool_params_t pp = {
         .field_mask = TERN_POOL_PARAM_THREADS | TERN_POOL_PARAM_BIND | TERN_POOL_PARAM_LOCAL |
                       TERN_POOL_PARAM_LOG_RANK | TERN_POOL_PARAM_DEVICE,
@@ -224,14 +306,12 @@ static tern_status_t start_pool(tern_ctx_t *ctx, const tern_init_params_t *p)
         .local_rank = ctx->local_rank,
         .local_world_size = ctx->local_world_size,
         .log_rank = (int)ctx->rank,
+        .share_rank = share_rank,
+        .share_size = share_size,
     };
-    tern_status_t st = tern_pool_create(&pp, &ctx->pool);
-    if (st == TERN_OK) {
-        tern_pool_binding_t b;
-        tern_pool_binding(ctx->pool, &b);
-        tern_info("pool: %s", b.summary);
-    }
-    return st;
+    if (share_size > 0)
+        pp.field_mask |= TERN_POOL_PARAM_SHARE;
+    return tern_pool_create(&pp, &ctx->pool); /* which logs where it went */
 }
 
 tern_status_t tern__ctx_teardown(tern_ctx_t *ctx, bool collective)

@@ -20,7 +20,8 @@
 
 #define KNOWN_FIELDS                                                                               \
     (TERN_POOL_PARAM_THREADS | TERN_POOL_PARAM_DEVICE | TERN_POOL_PARAM_BIND |                     \
-     TERN_POOL_PARAM_LOCAL | TERN_POOL_PARAM_QUEUE_LIMIT | TERN_POOL_PARAM_LOG_RANK)
+     TERN_POOL_PARAM_LOCAL | TERN_POOL_PARAM_QUEUE_LIMIT | TERN_POOL_PARAM_LOG_RANK |             \
+     TERN_POOL_PARAM_SHARE)
 
 tern_status_t tern__pool_config_resolve(const tern_pool_params_t *params, tern__pool_config_t *cfg)
 {
@@ -56,6 +57,14 @@ tern_status_t tern__pool_config_resolve(const tern_pool_params_t *params, tern__
         cfg->queue_limit = params->queue_limit;
     if (mask & TERN_POOL_PARAM_LOG_RANK)
         cfg->log_rank = params->log_rank;
+    if (mask & TERN_POOL_PARAM_SHARE) {
+        if (params->share_size == 0 || params->share_rank >= params->share_size)
+            return tern__error(TERN_ERR_INVALID_PARAM,
+                               "pool params: share_rank %u of share_size %u", params->share_rank,
+                               params->share_size);
+        cfg->share_rank = params->share_rank;
+        cfg->share_size = params->share_size;
+    }
     return TERN_OK;
 }
 
@@ -358,24 +367,37 @@ tern_status_t tern__placement_init(tern__placement_t *pl, hwloc_topology_t topo,
     lo = 0;
     hi = total;
     pl->threads = 0;
-    if (pinned && cfg->local_world_size > 1) {
-        /* The launcher (srun --cpu-bind, mpirun --bind-to) already gave each
-         * rank its own cores; slicing them again would leave cores idle. */
+    /* The ranks that run on these same cores, and which of them this is.
+     * Unpinned, every local rank does. A launcher that pinned the process
+     * either gave each rank its own cores (srun --cpu-bind=cores, mpirun
+     * --bind-to core: nobody else), or bound several to one socket or NUMA
+     * node (mpirun's default past two ranks, srun --cpu-bind=sockets, numactl
+     * --cpunodebind), whose full pools would all bind to the same cores.
+     * share_size says which (tern_init counts through the store); without it
+     * a pinned rank keeps its launcher's cores whole, since slicing a
+     * core-per-rank binding again would leave cores idle. */
+    unsigned nshare = cfg->share_size ? cfg->share_size : cfg->local_world_size;
+    unsigned me = cfg->share_size ? cfg->share_rank : cfg->local_rank;
+    const char *peers = pinned ? "ranks on the launcher's cores" : "local ranks";
+
+    if (pinned && cfg->local_world_size > 1 && (cfg->share_size == 0 || nshare == 1)) {
         snprintf(pl->local, sizeof(pl->local), "cores given by the launcher");
-    } else if (cfg->local_world_size > 1 && total >= cfg->local_world_size) {
-        lo = (unsigned)((uint64_t)cfg->local_rank * total / cfg->local_world_size);
-        hi = (unsigned)(((uint64_t)cfg->local_rank + 1) * total / cfg->local_world_size);
-        snprintf(pl->local, sizeof(pl->local), "local rank %u of %u", cfg->local_rank,
-                 cfg->local_world_size);
-    } else if (cfg->local_world_size > 1) {
-        snprintf(pl->local, sizeof(pl->local), "shared by %u local ranks", cfg->local_world_size);
+    } else if (nshare > 1 && total >= nshare) {
+        lo = (unsigned)((uint64_t)me * total / nshare);
+        hi = (unsigned)(((uint64_t)me + 1) * total / nshare);
+        if (pinned)
+            snprintf(pl->local, sizeof(pl->local), "rank %u of %u on the launcher's cores", me,
+                     nshare);
+        else
+            snprintf(pl->local, sizeof(pl->local), "local rank %u of %u", me, nshare);
+    } else if (nshare > 1) {
         /* One thread each: a full pool per rank would oversubscribe the cores
-         * local_world_size times over. Ranks start on different cores so they
-         * spread over the set instead of piling onto its first core. */
+         * nshare times over. Ranks start on different cores so they spread
+         * over the set instead of piling onto its first core. */
         pl->threads = 1;
-        pl->first = cfg->local_rank % total;
-        snprintf(pl->local, sizeof(pl->local), "shared by %u local ranks, first thread on its core %u",
-                 cfg->local_world_size, pl->first);
+        pl->first = me % total;
+        snprintf(pl->local, sizeof(pl->local), "shared by %u %s, first thread on its core %u",
+                 nshare, peers, pl->first);
     }
 
     pl->core_sets = calloc(hi - lo, sizeof(*pl->core_sets));

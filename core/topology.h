@@ -26,6 +26,8 @@ typedef struct tern__pool_config {
     bool bind;
     unsigned local_rank;
     unsigned local_world_size; /* >= 1, > local_rank */
+    unsigned share_rank;       /* < share_size */
+    unsigned share_size;       /* ranks on exactly this process's cores; 0: unknown */
     size_t queue_limit;        /* 0: unbounded */
     int log_rank;
 } tern__pool_config_t;

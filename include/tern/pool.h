@@ -33,6 +33,7 @@ enum tern_pool_param_field {
     TERN_POOL_PARAM_LOCAL = 1u << 3,
     TERN_POOL_PARAM_QUEUE_LIMIT = 1u << 4,
     TERN_POOL_PARAM_LOG_RANK = 1u << 5,
+    TERN_POOL_PARAM_SHARE = 1u << 6,
 };
 
 /* Fields are read only where their bit is set in field_mask; unset fields take
@@ -48,6 +49,10 @@ typedef struct tern_pool_params {
     unsigned local_world_size; /*  takes a disjoint slice when there are enough cores */
     size_t queue_limit;       /* [0: unbounded] submit beyond it: TERN_ERR_NO_RESOURCE */
     int log_rank;             /* [-1] rank shown in the pool threads' log lines */
+    unsigned share_rank;      /* [unknown] how many ranks on this machine run on exactly */
+    unsigned share_size;      /*  this process's cores, and which of them this one is:
+                                  with it, a process its launcher pinned slices its cores
+                                  among those ranks (tern_init finds it out) */
 } tern_pool_params_t;
 
 /* What the pool chose; filled by tern_pool_binding(). */

@@ -456,6 +456,19 @@ static void test_caller_affinity(void **state)
         tern_pool_binding(pool, &lb);
         lst = tern_pool_destroy(pool);
     }
+    /* Unless another rank is pinned to the same cores (ranks bound to one
+     * socket): then they share them, as unpinned local ranks share all. */
+    tern_pool_params_t shared = {.field_mask = TERN_POOL_PARAM_LOCAL | TERN_POOL_PARAM_SHARE,
+                                 .local_rank = 1,
+                                 .local_world_size = 4,
+                                 .share_rank = 1,
+                                 .share_size = 2};
+    tern_pool_binding_t sb = {0};
+    tern_status_t sst = tern_pool_create(&shared, &pool);
+    if (sst == TERN_OK) {
+        tern_pool_binding(pool, &sb);
+        sst = tern_pool_destroy(pool);
+    }
     /* Restore before asserting, so a failure does not pin the tests after it. */
     assert_int_equal(sched_setaffinity(0, sizeof(saved), &saved), 0);
     assert_int_equal(st, TERN_OK);
@@ -467,6 +480,11 @@ static void test_caller_affinity(void **state)
     assert_int_equal(lst, TERN_OK);
     assert_string_equal(lb.cpus, want);
     assert_non_null(strstr(lb.summary, "cores given by the launcher"));
+    assert_int_equal(sst, TERN_OK);
+    print_message("pinned with another rank: %s\n", sb.summary);
+    assert_string_equal(sb.cpus, want);
+    assert_int_equal(sb.threads, 1);
+    assert_non_null(strstr(sb.summary, "shared by 2 ranks on the launcher's cores"));
 }
 
 /* ---- devices ---- */
@@ -647,20 +665,29 @@ static hwloc_topology_t two_socket_machine(unsigned allowed)
 }
 
 /* The binding a pool with these settings would get on topo. */
-static tern_status_t place(hwloc_topology_t topo, const char *device, unsigned rank, unsigned size,
-                           unsigned threads, tern__placement_t *pl)
+static tern_status_t place_shared(hwloc_topology_t topo, const char *device, unsigned rank,
+                                  unsigned size, unsigned share_rank, unsigned share_size,
+                                  unsigned threads, tern__placement_t *pl)
 {
     tern__pool_config_t cfg = {.threads = threads,
                                .device = device,
                                .bind = true,
                                .local_rank = rank,
                                .local_world_size = size,
+                               .share_rank = share_rank,
+                               .share_size = share_size,
                                .log_rank = -1};
     tern_status_t st = tern__placement_init(pl, topo, &cfg);
     if (st == TERN_OK)
         print_message("%s rank %u/%u: %s\n", device ? device : "-", rank, size,
                       pl->binding.summary);
     return st;
+}
+
+static tern_status_t place(hwloc_topology_t topo, const char *device, unsigned rank, unsigned size,
+                           unsigned threads, tern__placement_t *pl)
+{
+    return place_shared(topo, device, rank, size, 0, 0, threads, pl);
 }
 
 static void expect_cpus(hwloc_topology_t topo, const char *device, unsigned rank, unsigned size,
@@ -729,6 +756,16 @@ static void test_placement_two_sockets(void **state)
         assert_string_equal(buf, i % 2 == 0 ? "6" : "7");
     }
     assert_non_null(strstr(pl.binding.summary, "local rank 1 of 2"));
+    tern__placement_fini(&pl);
+
+    /* Counted sharers replace the local ranks: the 3rd of the 4 ranks on
+     * these cores takes the 3rd quarter, whatever its local rank. */
+    assert_int_equal(place_shared(topo, NULL, 5, 8, 2, 4, 0, &pl), TERN_OK);
+    assert_string_equal(pl.binding.cpus, "4-5");
+    assert_non_null(strstr(pl.binding.summary, "local rank 2 of 4"));
+    tern__placement_fini(&pl);
+    assert_int_equal(place_shared(topo, NULL, 5, 8, 0, 1, 0, &pl), TERN_OK);
+    assert_string_equal(pl.binding.cpus, "0-7");
     tern__placement_fini(&pl);
 
     assert_int_equal(place(topo, "0000:3b:00.1", 0, 1, 0, &pl), TERN_ERR_NO_DEVICE);
@@ -819,6 +856,12 @@ static void test_null_and_bad_params(void **state)
     assert_int_equal(tern_pool_create(&params, &pool), TERN_ERR_INVALID_PARAM);
     assert_null(pool);
     params = (tern_pool_params_t){.field_mask = TERN_POOL_PARAM_THREADS, .threads = 100000};
+    assert_int_equal(tern_pool_create(&params, &pool), TERN_ERR_INVALID_PARAM);
+    params = (tern_pool_params_t){.field_mask = TERN_POOL_PARAM_SHARE, .share_rank = 2,
+                                  .share_size = 2};
+    assert_int_equal(tern_pool_create(&params, &pool), TERN_ERR_INVALID_PARAM);
+    assert_non_null(strstr(tern_last_error(), "share_rank 2 of share_size 2"));
+    params.share_rank = params.share_size = 0;
     assert_int_equal(tern_pool_create(&params, &pool), TERN_ERR_INVALID_PARAM);
     pool = make_pool(NULL);
     assert_int_equal(tern_pool_submit(pool, NULL, NULL), TERN_ERR_INVALID_PARAM);
