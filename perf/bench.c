@@ -13,7 +13,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/error.h"
 #include "perf/bench.h"
+#include "perf/stats.h"
 
 #define TAG_DATA 1
 #define TAG_ACK 2
@@ -49,6 +51,26 @@ static int cmp_u64(const void *a, const void *b)
 {
     uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
     return x < y ? -1 : x > y;
+}
+
+unsigned tern_bench_warmup(const tern_bench_opts_t *opts, unsigned iters)
+{
+    if (opts->warmup_given)
+        return opts->warmup;
+    return iters / 10 > 2 ? iters / 10 : 2;
+}
+
+tern_status_t tern_bench_agree(tern_ctx_t *ctx, int ok, const char *what, size_t size)
+{
+    int32_t mine = ok ? 1 : 0, all = 0;
+    tern_status_t st = tern_all_reduce(tern_group_world(ctx), &mine, &all, 1, TERN_DTYPE_I32,
+                                       TERN_MIN, NULL);
+    if (st != TERN_OK)
+        return st;
+    if (all)
+        return TERN_OK;
+    return tern__error(TERN_ERR_NO_MEMORY, "%s: buffers for %zu bytes: out of memory on %s", what,
+                       size, mine ? "another rank" : "this rank");
 }
 
 /* Iterations by size: enough to be stable, few enough to finish quickly. */
@@ -127,7 +149,7 @@ tern_status_t tern_bench_run(tern_ctx_t *ctx, const tern_bench_opts_t *opts, siz
     unsigned rank = tern_ctx_rank(ctx), world = tern_ctx_world_size(ctx);
     unsigned window = opts->window ? opts->window : 64;
     unsigned iters = opts->iters ? opts->iters : default_iters(opts->test, size, window);
-    unsigned warmup = opts->warmup ? opts->warmup : (iters / 10 > 2 ? iters / 10 : 2);
+    unsigned warmup = tern_bench_warmup(opts, iters);
     int peer = (int)(rank ^ 1u);
     int active = (unsigned)peer < world;
     int leader = (rank & 1u) == 0;
@@ -144,19 +166,19 @@ tern_status_t tern_bench_run(tern_ctx_t *ctx, const tern_bench_opts_t *opts, siz
     memset(res, 0, sizeof(*res));
     res->size = size;
     res->iters = iters;
-    if (active) {
+    if (active && size < SIZE_MAX / nbuf) {
         sbuf = malloc(size * nbuf + 1);
         rbuf = malloc(size * nbuf + 1);
         samples = calloc(iters, sizeof(*samples));
         reqs = calloc(2 * (size_t)window, sizeof(*reqs));
-        if (sbuf == NULL || rbuf == NULL || samples == NULL || reqs == NULL) {
-            st = TERN_ERR_NO_MEMORY;
-            goto out;
-        }
+    }
+    int ok = !active || (sbuf != NULL && rbuf != NULL && samples != NULL && reqs != NULL);
+    if (ok && active) {
         memset(sbuf, (int)rank + 1, size * nbuf + 1);
         memset(rbuf, 0, size * nbuf + 1);
     }
-    st = tern_store_barrier(tern_ctx_store(ctx), "bench", world, TERN_TIMEOUT_DEFAULT);
+    /* Every rank, the idle one of an odd world too, agrees before the clock. */
+    st = tern_bench_agree(ctx, ok, tern_bench_name(opts->test), size);
     if (st != TERN_OK || !active)
         goto out;
 
@@ -168,10 +190,8 @@ tern_status_t tern_bench_run(tern_ctx_t *ctx, const tern_bench_opts_t *opts, siz
             sum += (double)samples[i];
         qsort(samples, iters, sizeof(*samples), cmp_u64);
         res->lat_us_avg = sum / iters / 2 / 1000.0;
-        res->lat_us_p50 = (double)samples[iters / 2] / 2 / 1000.0;
-        res->lat_us_p99 = (double)samples[(size_t)(iters * 0.99) < iters ? (size_t)(iters * 0.99)
-                                                                         : iters - 1] /
-                          2 / 1000.0;
+        res->lat_us_p50 = (double)samples[tern_bench_pct_index(iters, 50)] / 2 / 1000.0;
+        res->lat_us_p99 = (double)samples[tern_bench_pct_index(iters, 99)] / 2 / 1000.0;
         goto out;
     }
     int bi = opts->test == TERN_BENCH_BIBW;

@@ -39,7 +39,8 @@ typedef enum tern_bench_test {
 typedef struct tern_bench_opts {
     tern_bench_test_t test;
     unsigned iters;  /* 0: chosen by size */
-    unsigned warmup; /* 0: chosen by size */
+    unsigned warmup; /* with warmup_given; otherwise iters/10, at least 2 */
+    int warmup_given; /* warmup was set (0 allowed: no warmup) */
     unsigned window; /* messages in flight for bw/bibw/rate */
     /* Collectives only. A zeroed dtype is f16, not tern-perf's default f32:
      * callers set it. */
@@ -70,6 +71,15 @@ typedef struct tern_bench_result {
  * through perf/bench_rpc.h, clock and prof through perf/bench_prof.h. */
 tern_status_t tern_bench_run(tern_ctx_t *ctx, const tern_bench_opts_t *opts, size_t size,
                              tern_bench_result_t *result);
+
+/* The untimed iterations before iters timed ones. */
+unsigned tern_bench_warmup(const tern_bench_opts_t *opts, unsigned iters);
+
+/* Whether every rank of ctx's world has ok set, agreed before any timing so
+ * that a rank that could not allocate its buffers does not leave the others
+ * waiting for it until TERN_TIMEOUT. TERN_ERR_NO_MEMORY (recorded, naming
+ * what and whether it was this rank) when one has not. */
+tern_status_t tern_bench_agree(tern_ctx_t *ctx, int ok, const char *what, size_t size);
 
 /* Names of every test, point-to-point, collective, rpc and profiler ("lat", "allreduce"...). */
 const char *tern_bench_name(tern_bench_test_t test);

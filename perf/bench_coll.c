@@ -1,14 +1,18 @@
 /*
  * The collective benchmarks (perf/bench_coll.h has the definitions of size,
  * time, algbw and busbw). Every rank times each blocking call on its own
- * clock; the per-rank averages meet in an all_reduce(MAX) after the timed
- * loop, outside the measurement.
+ * clock; after the timed loop, outside the measurement, an all_reduce(MAX)
+ * of the samples makes each iteration's time its slowest rank's, and p50,
+ * avg and p99 all come from those (rank 0's own samples said little: in a
+ * reduce to another root it is a leaf that returns once it has sent).
  *
  * --check: rank r's input element i holds a small integer pval(r, i), chosen
  * per dtype and op so that every partial result is exact in the dtype (sums
  * stay within 256, bf16's last exact integer; products are powers of two). Any
  * reduction order then gives the same bits, so a reference computed here in
- * plain C must match the collective's output bit for bit.
+ * plain C must match the collective's output bit for bit. The values come
+ * from a hash of (rank, index), not a short period, so a block delivered to
+ * the wrong rank or the wrong place does not match by coincidence.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,6 +20,7 @@
 
 #include "core/error.h"
 #include "perf/bench_coll.h"
+#include "perf/stats.h"
 #include "tensor/half.h"
 #include "tensor/reduce.h"
 
@@ -119,14 +124,24 @@ static void pattern_init(pattern_t *p, tern_dtype_t dtype, tern_reduce_op_t op, 
     p->shift = p->is_signed ? p->vmax / 2 : 0;
 }
 
+/* splitmix64's finalizer: every bit of (rank, index) reaches every bit out. */
+static uint64_t mix(uint64_t x)
+{
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ull;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
 static int64_t pval(const pattern_t *p, unsigned r, size_t i)
 {
-    uint64_t x = (uint64_t)i, y = r;
+    uint64_t h = mix(((uint64_t)r << 40) ^ (uint64_t)i ^ 0x9e3779b97f4a7c15ull);
     if (p->is_bool)
-        return (x * 7 + y * 3) % 5 != 0;
+        return h % 5 != 0;
     if (p->prod) /* powers of two: exact products in every float type */
-        return (x + 3 * y) % 5 == 0 ? 2 : 1;
-    return (int64_t)((x * 3 + y * 5 + 1) % (uint64_t)(p->vmax + 1)) - p->shift;
+        return h % 5 == 0 ? 2 : 1;
+    return (int64_t)(h % (uint64_t)(p->vmax + 1)) - p->shift;
 }
 
 /* Store v into one element. Floats: v is exact in the dtype or is a float
@@ -412,7 +427,7 @@ tern_status_t tern_bench_coll_run(tern_ctx_t *ctx, const tern_bench_opts_t *o, s
     size_t c;
     res->size = tern_bench_coll_size(t, size, es, n, &c);
     unsigned iters = o->iters ? o->iters : default_iters(res->size);
-    unsigned warmup = o->warmup ? o->warmup : (iters / 10 > 2 ? iters / 10 : 2);
+    unsigned warmup = tern_bench_warmup(o, iters);
     res->iters = iters;
     int root = is_rooted(t) ? o->root : 0, is_root = (int)k == root;
     size_t scount = 0, rcount = 0; /* elements of each buffer on this rank */
@@ -458,11 +473,12 @@ tern_status_t tern_bench_coll_run(tern_ctx_t *ctx, const tern_bench_opts_t *o, s
      * never NULL, so a count of 0 goes through the call's normal path. */
     call.sbuf = malloc(scount ? scount * es : 1);
     call.rbuf = o->inplace ? call.sbuf : malloc(rcount ? rcount * es : 1);
-    if (samples == NULL || call.sbuf == NULL || call.rbuf == NULL) {
-        st = tern__error(TERN_ERR_NO_MEMORY, "%s: buffers for %zu bytes", tern_bench_name(t),
-                         res->size);
+    /* Agreed by every rank: gather, scatter and reduce allocate more on the
+     * root, and a root that left alone kept the others waiting for it. */
+    st = tern_bench_agree(ctx, samples != NULL && call.sbuf != NULL && call.rbuf != NULL,
+                          tern_bench_name(t), res->size);
+    if (st != TERN_OK)
         goto out;
-    }
     /* Always the check's values: the kernels run on the same data, checked or
      * not, and every page is touched before the clock starts. */
     if (t == TERN_BENCH_BROADCAST && !is_root)
@@ -496,18 +512,18 @@ tern_status_t tern_bench_coll_run(tern_ctx_t *ctx, const tern_bench_opts_t *o, s
             samples[i - warmup] = tern_clock_ns() - t0;
     }
 
-    double sum = 0, avg_us, max_us;
+    /* Each iteration takes as long as its slowest rank (nccl-tests takes the
+     * slowest rank's average; the maximum per iteration is at least that). */
+    if ((st = tern_all_reduce(g, samples, samples, iters, TERN_DTYPE_I64, TERN_MAX, NULL)) !=
+        TERN_OK)
+        goto out;
+    double sum = 0, max_us;
     for (unsigned i = 0; i < iters; i++)
         sum += (double)samples[i];
-    avg_us = sum / iters / 1000.0;
-    /* The slowest rank's average is the collective's time (nccl-tests
-     * reduces over ranks the same way). */
-    if ((st = tern_all_reduce(g, &avg_us, &max_us, 1, TERN_DTYPE_F64, TERN_MAX, NULL)) != TERN_OK)
-        goto out;
+    max_us = sum / iters / 1000.0;
     qsort(samples, iters, sizeof(*samples), cmp_u64);
-    size_t p99 = (size_t)(iters * 0.99) < iters ? (size_t)(iters * 0.99) : iters - 1;
-    res->lat_us_p50 = (double)samples[iters / 2] / 1000.0;
-    res->lat_us_p99 = (double)samples[p99] / 1000.0;
+    res->lat_us_p50 = (double)samples[tern_bench_pct_index(iters, 50)] / 1000.0;
+    res->lat_us_p99 = (double)samples[tern_bench_pct_index(iters, 99)] / 1000.0;
     res->lat_us_avg = max_us;
     if (t != TERN_BENCH_BARRIER && max_us > 0) {
         res->bw_GBps = (double)res->size / (max_us * 1e3);

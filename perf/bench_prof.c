@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "perf/bench_prof.h"
 #include "perf/bench_rpc.h"
+#include "perf/stats.h"
 
 #define CLOCK_DONE_KEY "tern-perf/clock/done"
 
@@ -78,10 +79,9 @@ static void fill(tern_bench_prof_row_t *row, const char *test, size_t size, uint
     for (size_t i = 0; i < n; i++)
         sum += (double)v[i];
     qsort(v, n, sizeof(*v), cmp_u64);
-    size_t p99 = (size_t)((double)n * 0.99) < n ? (size_t)((double)n * 0.99) : n - 1;
     row->ns_avg = sum / (double)n / per;
-    row->ns_p50 = (double)v[n / 2] / per;
-    row->ns_p99 = (double)v[p99] / per;
+    row->ns_p50 = (double)v[tern_bench_pct_index(n, 50)] / per;
+    row->ns_p99 = (double)v[tern_bench_pct_index(n, 99)] / per;
 }
 
 static void ratio(tern_bench_prof_row_t *on, const tern_bench_prof_row_t *off)
@@ -244,7 +244,7 @@ static tern_status_t rpc_rounds(rpc_bench_t *b, const tern_bench_prof_opts_t *o,
                                 unsigned batches, rpc_samples_t *s)
 {
     tern_status_t st;
-    unsigned warmup = o->warmup ? o->warmup : (iters / 10 > 2 ? iters / 10 : 2);
+    unsigned warmup = o->warmup_given ? o->warmup : (iters / 10 > 2 ? iters / 10 : 2);
     /* Untimed: the first calls, and the first session (allocations, endpoints). */
     if ((st = rpc_batch(b, 0, warmup, s, NULL)) != TERN_OK ||
         (st = rpc_batch(b, 1, warmup, s, NULL)) != TERN_OK)

@@ -48,7 +48,9 @@ typedef struct tern_bench_prof_opts {
     unsigned samples; /* clock: ping-pongs per estimate; 0: TERN_PROF_CLOCK_SAMPLES */
     unsigned reps;    /* clock: estimates of each peer [10] */
     unsigned iters;   /* prof: rpc calls per batch [2000] */
-    unsigned warmup;  /* prof: untimed calls, once off and once on [iters / 10, at least 2] */
+    unsigned warmup;  /* prof: untimed calls, once off and once on, with warmup_given
+                         [iters / 10, at least 2] */
+    int warmup_given;
     unsigned batches; /* prof: rpc batches of each kind [10] */
     uint64_t ranges;  /* prof: range pairs, off and on each [1,000,000] */
     size_t size;      /* prof: the echo's tensor in bytes [8] */

@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "perf/bench_rpc.h"
+#include "perf/stats.h"
 
 #define DONE_KEY "tern-perf/rpc/done"
 
@@ -28,7 +29,7 @@ static unsigned lat_iters(size_t size)
 
 static unsigned warmup_of(const tern_bench_opts_t *o, unsigned iters)
 {
-    return o->warmup ? o->warmup : (iters / 10 > 2 ? iters / 10 : 2);
+    return tern_bench_warmup(o, iters);
 }
 
 /* The echo: every argument tensor back, a pulled one without a copy
@@ -130,10 +131,9 @@ tern_status_t tern_bench_rpc_lat(tern_ctx_t *ctx, const tern_bench_opts_t *o, si
     for (unsigned i = 0; i < iters; i++)
         sum += (double)samples[i];
     qsort(samples, iters, sizeof(*samples), cmp_u64);
-    size_t p99 = (size_t)(iters * 0.99) < iters ? (size_t)(iters * 0.99) : iters - 1;
     res->lat_us_avg = sum / iters / 1000.0;
-    res->lat_us_p50 = (double)samples[iters / 2] / 1000.0;
-    res->lat_us_p99 = (double)samples[p99] / 1000.0;
+    res->lat_us_p50 = (double)samples[tern_bench_pct_index(iters, 50)] / 1000.0;
+    res->lat_us_p99 = (double)samples[tern_bench_pct_index(iters, 99)] / 1000.0;
     if (size > 0 && res->lat_us_avg > 0)
         res->bw_GBps = 2.0 * (double)size / (res->lat_us_avg * 1e3);
 out:

@@ -19,6 +19,8 @@
 #include <string.h>
 #include <strings.h>
 
+#include "stats.h"
+
 #define CSV_HEADER                                                                                 \
     "test,transport,mem,ranks,size,iters,lat_us_p50,lat_us_avg,lat_us_p99,bw_GBps,busbw_GBps,"     \
     "msg_rate"
@@ -336,17 +338,17 @@ int main(int argc, char **argv)
             if (i >= warm)
                 samples[i - warm] = MPI_Wtime() - t0;
         }
-        double sum = 0, avg, max_avg;
+        /* Each iteration's time is its slowest rank's, as in tern-perf. */
+        MPI_Allreduce(MPI_IN_PLACE, samples, (int)it, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+        double sum = 0, max_avg;
         for (unsigned i = 0; i < it; i++)
             sum += samples[i];
-        avg = sum / it * 1e6;
-        /* The slowest rank's average is the collective's time, as in tern-perf. */
-        MPI_Allreduce(&avg, &max_avg, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+        max_avg = sum / it * 1e6;
         if (rank == 0) {
             qsort(samples, it, sizeof(double), cmp);
-            size_t p99 = (size_t)(it * 0.99) < it ? (size_t)(it * 0.99) : it - 1;
             printf("%s,mpi,host,%d,%zu,%u,%.3f,%.3f,%.3f,", tests[t], n, size, it,
-                   samples[it / 2] * 1e6, max_avg, samples[p99] * 1e6);
+                   samples[tern_bench_pct_index(it, 50)] * 1e6, max_avg,
+                   samples[tern_bench_pct_index(it, 99)] * 1e6);
             if (t != BARRIER) {
                 double bw = max_avg > 0 ? (double)size / (max_avg * 1e3) : 0;
                 printf("%.3f,%.3f", bw, bw * busbw_factor(t, n));

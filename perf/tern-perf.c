@@ -47,12 +47,14 @@ static void usage(FILE *f)
             "  --transport NAME     tcp | ucx | verbs | auto (default: TERN_TRANSPORT, auto)\n"
             "  --mem host|cuda      where the buffers live (default host)\n"
             "  --sizes LIST         comma-separated sizes, e.g. 8,64,4k,1M\n"
-            "  --min-size N         with --max-size: powers of two from N to M\n"
+            "  --min-size N         with --max-size: N, 2N, 4N, ... up to M (powers of two\n"
+            "                       from 1 by default)\n"
             "  --max-size M         (default 1 to 4M)\n"
             "  --iters N            timed iterations per size (default: by size); clock:\n"
             "                       estimates of each peer (default 10); prof: rpc calls\n"
             "                       per batch (default 2000)\n"
-            "  --warmup N           untimed iterations first (default: iters/10)\n"
+            "  --warmup N           untimed iterations first (default: iters/10, at least 2;\n"
+            "                       0: none)\n"
             "  --window W           messages in flight for bw, bibw, rate; calls for rpc\n"
             "                       (default 64)\n"
             "  --format table|csv|json   (default table)\n"
@@ -90,10 +92,27 @@ static void usage(FILE *f)
             "         tern-run -n 2 tern-perf prof --format csv\n");
 }
 
+/* Options that take a value, so that one given last says it needs one and
+ * a misspelt one says it is unknown. */
+static int takes_value(const char *a)
+{
+    static const char *const names[] = {
+        "--transport", "--mem",   "--sizes", "--min-size", "--max-size", "--iters",
+        "--warmup",    "--window", "--dtype", "--op",       "--root",     "--format",
+        "--samples",   "--skew-rank", "--skew-ns", "--batches", "--ranges"};
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+        if (strcmp(a, names[i]) == 0)
+            return 1;
+    return 0;
+}
+
+/* A message size: at most a quarter of the address space, so that the
+ * buffers' sizes (a size plus one, ranks times the element count) cannot
+ * wrap. */
 static int parse_size(const char *s, size_t *out)
 {
     uint64_t v;
-    if (tern__parse_size(s, &v) != TERN_OK)
+    if (tern__parse_size(s, &v) != TERN_OK || v > SIZE_MAX / 4)
         return -1;
     *out = (size_t)v;
     return 0;
@@ -504,8 +523,13 @@ int main(int argc, char **argv)
             coll_opt = 1, coll_arg = a;
             continue;
         }
-        if (v == NULL) {
+        if (v == NULL && takes_value(a)) {
             fprintf(stderr, "tern-perf: %s needs a value\n", a);
+            return 2;
+        }
+        if (v == NULL) {
+            fprintf(stderr, "tern-perf: unknown option '%s'\n", a);
+            usage(stderr);
             return 2;
         }
         if (strcmp(a, "--transport") == 0) {
@@ -514,9 +538,18 @@ int main(int argc, char **argv)
             mem = v;
         } else if (strcmp(a, "--sizes") == 0) {
             char *copy = strdup(v), *save = NULL;
+            if (copy == NULL) {
+                fprintf(stderr, "tern-perf: out of memory\n");
+                return 1;
+            }
+            if (v[strspn(v, ", ")] == '\0') {
+                fprintf(stderr, "tern-perf: --sizes '%s' names no size\n", v);
+                free(copy);
+                return 2;
+            }
             for (char *t = strtok_r(copy, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
                 if (nsizes == 64 || parse_size(t, &sizes[nsizes]) != 0) {
-                    fprintf(stderr, "tern-perf: bad size '%s' (at most 64 sizes)\n", t);
+                    fprintf(stderr, "tern-perf: bad size '%s' (a count of bytes with an optional k, M or G, below 2^62; at most 64 sizes)\n", t);
                     free(copy);
                     return 2;
                 }
@@ -534,14 +567,15 @@ int main(int argc, char **argv)
             char *end;
             errno = 0;
             unsigned long n = strtoul(v, &end, 10);
-            if (*end || errno || n > 100000000ul || (n == 0 && strcmp(a, "--warmup") != 0)) {
+            if (end == v || *end || errno || v[0] == '-' || n > 100000000ul ||
+                (n == 0 && strcmp(a, "--warmup") != 0)) {
                 fprintf(stderr, "tern-perf: bad count '%s' for %s\n", v, a);
                 return 2;
             }
             if (a[2] == 'i')
                 opts.iters = (unsigned)n;
             else if (a[3] == 'a')
-                opts.warmup = (unsigned)n;
+                opts.warmup = (unsigned)n, opts.warmup_given = 1;
             else
                 opts.window = (unsigned)n;
         } else if (strcmp(a, "--dtype") == 0) {
@@ -658,6 +692,7 @@ int main(int argc, char **argv)
         }
         popts.iters = opts.iters;
         popts.warmup = opts.warmup;
+        popts.warmup_given = opts.warmup_given;
         popts.size = nsizes ? sizes[0] : 8;
     }
     int is_reduction = opts.test == TERN_BENCH_ALLREDUCE || opts.test == TERN_BENCH_REDUCE ||
@@ -680,6 +715,10 @@ int main(int argc, char **argv)
                 mem);
         return 2;
     }
+    if (nsizes > 0 && range_given) {
+        fprintf(stderr, "tern-perf: --sizes and --min-size/--max-size are two ways to say the sizes; give one\n");
+        return 2;
+    }
     if (opts.test == TERN_BENCH_BARRIER) {
         /* No payload: one row, whatever the sizes say. */
         nsizes = 1;
@@ -689,7 +728,8 @@ int main(int argc, char **argv)
         sizes[0] = 8;
     } else if (nsizes == 0) {
         if (min_size > max_size) {
-            fprintf(stderr, "tern-perf: --min-size is above --max-size\n");
+            fprintf(stderr, "tern-perf: the size range is empty: --min-size %zu is above --max-size %zu (defaults 1 and 4M)\n",
+                    min_size, max_size);
             return 2;
         }
         for (size_t s = min_size; s <= max_size && nsizes < 64; s = s ? s * 2 : 1)

@@ -161,4 +161,24 @@ err=$("$PERF" reduce --inplace 2>&1) && fail "--inplace accepted for reduce"
 grep -q "inplace is for allreduce" <<<"$err" || fail "--inplace for reduce message: $err"
 err=$("$RUN" -n 2 --no-prefix "$PERF" gather --root 2 2>&1) && fail "root outside the ranks accepted"
 grep -q "not a rank" <<<"$err" || fail "bad root message: $err"
+# Options: each mistake named as what it is.
+err=$("$PERF" lat --frobnicate 2>&1) && fail "unknown last option accepted"
+grep -q "unknown option '--frobnicate'" <<<"$err" || fail "unknown last option message: $err"
+err=$("$PERF" lat --iters 2>&1) && fail "--iters without a value accepted"
+grep -q "needs a value" <<<"$err" || fail "missing value message: $err"
+"$PERF" lat --sizes '' >/dev/null 2>&1 && fail "empty --sizes accepted"
+"$PERF" lat --warmup '' >/dev/null 2>&1 && fail "empty --warmup accepted"
+"$PERF" lat --sizes 18446744073709551615 >/dev/null 2>&1 && fail "a size that wraps accepted"
+err=$("$PERF" lat --sizes 8 --max-size 16 2>&1) && fail "--sizes with --max-size accepted"
+grep -q "give one" <<<"$err" || fail "--sizes with --max-size message: $err"
+err=$("$PERF" lat --max-size 0 2>&1) && fail "empty size range accepted"
+grep -q "min-size 1 is above --max-size 0" <<<"$err" || fail "empty range message: $err"
+# --warmup 0 means none, and p99 of 3 samples is the largest: p50 <= avg... <= p99.
+out=$("$RUN" -n 2 --no-prefix "$PERF" lat --sizes 8 --iters 3 --warmup 0 --format csv) ||
+    fail "--warmup 0 refused"
+tail -n 1 <<<"$out" | awk -F, '$7 > $9 { exit 1 }' || fail "lat p50 above p99: $out"
+# A size one rank cannot allocate ends the run at once, on every rank.
+err=$(TERN_TIMEOUT=60s "$RUN" -n 3 --no-prefix "$PERF" lat --sizes 4611686018427387903 --format csv 2>&1) &&
+    fail "a buffer nobody can allocate accepted"
+grep -q "out of memory on this rank" <<<"$err" || fail "allocation failure message: $err"
 echo "PASS: tern-perf lat, bw, bibw, rate, rpc and the collectives run, check and parse"
