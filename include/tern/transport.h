@@ -18,7 +18,11 @@
  *
  * Threading: a transport and everything made from it are used by one thread at
  * a time, not necessarily always the same one; the caller serializes. Callbacks
- * run inside tern_transport_progress() on the calling thread and must not block.
+ * run inside tern_transport_progress() on the calling thread (never inside a
+ * post) and must not block. They may post, and destroy endpoints, their own
+ * included; tern_ep_destroy and tern_transport_close run the CANCELED
+ * completions before they return, and destroying from one of those an endpoint
+ * already being destroyed is a no-op.
  *
  * Completion rule for send/put/get (as UCX's nbx calls): TERN_OK means the
  * operation is complete and the buffer reusable, and the callback is not

@@ -129,6 +129,8 @@ typedef struct txreq {
     void *get_buf;       /* F_GET: where the data goes */
     uint64_t get_size;
     struct tcp_mr *pin;  /* F_GET_DATA: the region being read, kept alive */
+    void *copy;          /* F_GET_DATA whose region was unregistered mid-reply: the rest */
+    tern_status_t status; /* queued for completion (tcp_tp_t.done): the outcome */
     bool zcopy;          /* the payload goes by splice_payload() */
     uint8_t small[];     /* a small payload owned by the request: HELLO, an inline SEND */
 } txreq_t;
@@ -174,6 +176,8 @@ typedef struct conn {
     tern_status_t refusal;
     struct tcp_mr *cur_mr; /* current PUT's region, pinned */
     txreq_t *cur_op;       /* current GET_DATA's request */
+    txreq_t *keep;         /* spliced replies' copies: their pages may be the socket's until close */
+    tern_status_t tell;    /* failed outside progress: the event the next progress raises */
 } conn_t;
 
 typedef struct tcp_ep {
@@ -182,6 +186,7 @@ typedef struct tcp_ep {
     conn_t *conn;
     uint64_t peer_instance; /* from the address: which incarnation of the peer */
     tern_status_t failed; /* sticky once the connection is lost */
+    bool destroying;      /* in tcp_ep_destroy: a second destroy (from a callback) is a no-op */
 } tcp_ep_t;
 
 typedef struct tcp_mr {
@@ -215,6 +220,12 @@ typedef struct tcp_tp {
     int hot_streak;   /* progress calls in a row served by hot alone */
     size_t zcopy_min; /* payloads this large go by splice_payload(); 0: never */
     size_t write_max; /* TERN_TCP_WRITE_MAX; 0: no limit */
+    /* Completions wait here for the end of the call that produced them
+     * (drain_done): a user callback never runs inside a post, nor in the
+     * middle of a connection's frame handling, which it might free. */
+    txreq_t *done_head, *done_tail;
+    int in_progress; /* inside tcp_progress: a destroyed endpoint's connection is reaped after */
+    bool tell_pending; /* a connection failed outside progress: its event waits (conn_t.tell) */
 } tcp_tp_t;
 
 static inline tcp_tp_t *to_tcp_tp(tern_transport_t *tp)
@@ -235,6 +246,36 @@ static inline tcp_mr_t *to_tcp_mr(tern_mr_t *mr)
 static inline tcp_rkey_t *to_tcp_rkey(tern_rkey_t *rkey)
 {
     return (tcp_rkey_t *)rkey;
+}
+
+/* Queue r's completion with st (r is freed once it has run). */
+static void comp_defer(tcp_tp_t *t, txreq_t *r, tern_status_t st)
+{
+    r->status = st;
+    r->next = NULL;
+    if (t->done_tail)
+        t->done_tail->next = r;
+    else
+        t->done_head = r;
+    t->done_tail = r;
+}
+
+/* Run the queued completions, in the order they were reached. A callback may
+ * post (its completion joins the queue and runs in this loop) or destroy an
+ * endpoint. Returns how many ran. */
+static int drain_done(tcp_tp_t *t)
+{
+    int n = 0;
+    while (t->done_head != NULL) {
+        txreq_t *r = t->done_head;
+        t->done_head = r->next;
+        if (t->done_head == NULL)
+            t->done_tail = NULL;
+        tern__comp_call(&r->comp, r->status);
+        free(r);
+        n++;
+    }
+    return n;
 }
 
 static void event(tcp_tp_t *t, tern_event_type_t type, uint32_t src, uint32_t imm, const void *data,
@@ -363,10 +404,18 @@ static void tx_done(conn_t *c, txreq_t *r)
         c->pend_tail = r;
         return;
     }
-    if (r->type == F_GET_DATA)
+    if (r->type == F_GET_DATA) {
         mr_unpin(c->tp, r->pin);
-    tern__comp_call(&r->comp, TERN_OK);
-    free(r);
+        if (r->copy != NULL && r->zcopy) {
+            r->next = c->keep; /* its pages may still be the socket's: kept until close */
+            c->keep = r;
+            return;
+        }
+        free(r->copy);
+        free(r);
+        return;
+    }
+    comp_defer(c->tp, r, TERN_OK);
 }
 
 /*
@@ -547,7 +596,7 @@ static void enqueue(conn_t *c, txreq_t *r)
  * completes later (TERN_INPROGRESS). PUT and GET always complete later.
  */
 static tern_status_t post(conn_t *c, const frame_t *f, const void *payload, size_t len,
-                          const tern_op_params_t *params, txreq_t **req_out)
+                          const tern_op_params_t *params, void *get_buf)
 {
     if (f->type == F_SEND && c->state == C_OPEN && c->tx_head == NULL && !c->plugged &&
         HDR_SIZE + len <= write_cap(c)) {
@@ -584,10 +633,10 @@ static tern_status_t post(conn_t *c, const frame_t *f, const void *payload, size
         return tern__error(TERN_ERR_NO_MEMORY, "tcp: no memory to queue a request");
     r->comp = tern__comp_of(params);
     r->zcopy = use_zcopy(c->tp, f->type, len);
+    r->get_buf = get_buf;
+    r->get_size = f->type == F_GET ? f->size : 0;
     enqueue(c, r);
-    if (req_out != NULL)
-        *req_out = r;
-    flush_tx(c); /* on failure, conn_fail has completed r with the error */
+    flush_tx(c); /* on failure, conn_fail has queued r's completion with the error */
     return TERN_INPROGRESS;
 }
 
@@ -597,11 +646,14 @@ static void free_txq(txreq_t *r, tern_status_t st, tcp_tp_t *t)
 {
     while (r != NULL) {
         txreq_t *next = r->next;
-        if (r->type == F_GET_DATA)
-            mr_unpin(t, r->pin);
-        else if (r->type == F_SEND || r->type == F_PUT || r->type == F_GET)
-            tern__comp_call(&r->comp, st);
-        free(r);
+        if (r->type == F_SEND || r->type == F_PUT || r->type == F_GET) {
+            comp_defer(t, r, st);
+        } else {
+            if (r->type == F_GET_DATA)
+                mr_unpin(t, r->pin);
+            free(r->copy);
+            free(r);
+        }
         r = next;
     }
 }
@@ -615,6 +667,10 @@ static void conn_fail(conn_t *c, tern_status_t why)
         return;
     c->state = C_DEAD;
     epoll_ctl(t->epfd, EPOLL_CTL_DEL, c->fd, NULL);
+    /* The socket stays open until the connection is freed (with its
+     * endpoint); the peer must hear now that nothing more will come or be
+     * answered here, or its operations would wait for ever. */
+    shutdown(c->fd, SHUT_RDWR);
     if (c->ep != NULL)
         c->ep->failed = why;
     txreq_t *tx = c->tx_head, *pend = c->pend_head;
@@ -625,6 +681,10 @@ static void conn_fail(conn_t *c, tern_status_t why)
         mr_unpin(t, c->cur_mr);
         c->cur_mr = NULL;
     }
+    if (c->cur_op != NULL) { /* a get whose reply was arriving */
+        comp_defer(t, c->cur_op, why);
+        c->cur_op = NULL;
+    }
     /* CANCELED is our own teardown or the peer's goodbye: nothing to report.
      * A protocol violation on a connection no endpoint has adopted may be a
      * stranger's (hello_refusal): the warning is all it gets. */
@@ -633,7 +693,14 @@ static void conn_fail(conn_t *c, tern_status_t why)
     if (tell) {
         tern_debug("tcp: connection %s peer %u lost (%s)", c->incoming ? "from" : "to", c->peer,
                    tern_strerror(why));
-        event(t, TERN_EVENT_ERROR, c->peer, 0, NULL, 0, why);
+        if (t->in_progress > 0) {
+            event(t, TERN_EVENT_ERROR, c->peer, 0, NULL, 0, why);
+        } else {
+            /* Failed in a post or a dereg: callbacks run in progress only
+             * (one that destroyed this endpoint here would free c under us). */
+            c->tell = why;
+            t->tell_pending = true;
+        }
     }
     /* The winner waits for this one's SWITCH_ACK, which will never come. */
     if (c->successor != NULL && c->successor->plugged) {
@@ -656,6 +723,12 @@ static void conn_free(conn_t *c)
     if (c->pipe[0] >= 0) {
         close(c->pipe[0]);
         close(c->pipe[1]);
+    }
+    while (c->keep != NULL) {
+        txreq_t *r = c->keep;
+        c->keep = r->next;
+        free(r->copy);
+        free(r);
     }
     free(c->rxbuf);
     free(c->big);
@@ -793,8 +866,7 @@ static void payload_done(conn_t *c)
     case F_GET_DATA: {
         txreq_t *r = c->cur_op;
         c->cur_op = NULL;
-        tern__comp_call(&r->comp, c->cur.status == TERN_OK ? TERN_OK : (tern_status_t)c->cur.status);
-        free(r);
+        comp_defer(t, r, c->cur.status == TERN_OK ? TERN_OK : (tern_status_t)c->cur.status);
         break;
     }
     default:
@@ -1033,8 +1105,7 @@ static bool header_arrived(conn_t *c)
         txreq_t *r;
         if (f->payload != 0 || (r = pop_pending(c, F_PUT)) == NULL)
             goto bad;
-        tern__comp_call(&r->comp, (tern_status_t)f->status);
-        free(r);
+        comp_defer(t, r, (tern_status_t)f->status);
         c->rx_state = RX_HDR;
         return true;
     }
@@ -1043,7 +1114,7 @@ static bool header_arrived(conn_t *c)
         if ((r = pop_pending(c, F_GET)) == NULL)
             goto bad;
         if (f->status == TERN_OK ? f->payload != r->get_size : f->payload != 0) {
-            free(r);
+            comp_defer(t, r, TERN_ERR_PROTOCOL);
             goto bad;
         }
         c->cur_op = r;
@@ -1278,19 +1349,44 @@ static void on_accept(tcp_tp_t *t)
  * ping-pong but cost an oversubscribed 4-rank 8 B all_reduce 30-50 %: a
  * message from another peer then waited up to three yields of the core.)
  */
+/* Raise the loss events of connections that failed outside progress. */
+static void tell_losses(tcp_tp_t *t)
+{
+    t->tell_pending = false;
+    for (conn_t *c = t->conns; c != NULL; c = c->next) {
+        if (c->tell != TERN_OK) {
+            tern_status_t why = c->tell;
+            c->tell = TERN_OK;
+            event(t, TERN_EVENT_ERROR, c->peer, 0, NULL, 0, why);
+        }
+    }
+}
+
+/* The end of a progress call: completions run, then connections that died in
+ * it, or whose endpoint a callback destroyed, are freed. */
+static int progress_end(tcp_tp_t *t, int handled)
+{
+    handled += drain_done(t);
+    t->in_progress--;
+    conn_reap(t);
+    return handled;
+}
+
 static int tcp_progress(tern_transport_t *tp)
 {
     tcp_tp_t *t = to_tcp_tp(tp);
     struct epoll_event evs[64];
     conn_t *h = t->hot;
     t->events = 0;
+    t->in_progress++;
+    if (t->tell_pending)
+        tell_losses(t);
     if (h != NULL && t->hot_streak < HOT_MAX && h->state == C_OPEN && h->tx_head == NULL) {
         uint64_t before = h->nread;
         on_readable(h);
         if (h->nread != before || t->events > 0) {
             t->hot_streak++;
-            conn_reap(t);
-            return t->events > 0 ? t->events : 1;
+            return progress_end(t, t->events > 0 ? t->events : 1);
         }
     }
     t->hot_streak = 0;
@@ -1315,8 +1411,7 @@ static int tcp_progress(tern_transport_t *tp)
             t->hot = c;
         }
     }
-    conn_reap(t);
-    return n > 0 ? n + t->events : t->events;
+    return progress_end(t, n > 0 ? n + t->events : t->events);
 }
 
 static int tcp_fd(const tern_transport_t *tp)
@@ -1327,9 +1422,11 @@ static int tcp_fd(const tern_transport_t *tp)
 
 static tern_status_t tcp_arm(tern_transport_t *tp)
 {
-    /* epoll is level-triggered: anything pending keeps the fd readable. */
-    (void)tp;
-    return TERN_OK;
+    /* epoll is level-triggered: anything pending keeps the fd readable.
+     * Completions queued outside progress (a post that failed, a send
+     * finished by a later post's flush) wake nothing: progress first. */
+    const tcp_tp_t *t = to_tcp_tp(tp);
+    return t->done_head != NULL || t->tell_pending ? TERN_ERR_NO_RESOURCE : TERN_OK;
 }
 
 /* ---- addresses ---- */
@@ -1484,6 +1581,7 @@ static void tcp_close(tern_transport_t *tp)
         send_bye(c);
         conn_free(c);
     }
+    drain_done(t);
     /* No connection is left to name a region: release the user's leftovers
      * (removing them from the key table), then anything still pinned. */
     tern__tp_release_mrs(tp);
@@ -1660,25 +1758,49 @@ static void send_bye(conn_t *c)
         tern_debug("tcp: could not say goodbye to peer %u", c->peer);
 }
 
+/*
+ * Operations in flight complete with TERN_ERR_CANCELED before this returns.
+ * Their callbacks, and event callbacks, may destroy endpoints, this one
+ * included (a second destroy of it is a no-op). Inside progress the
+ * connection is only failed and detached here: the frame handling that ran
+ * the callback still holds it, and the end of the progress call frees it.
+ */
 static void tcp_ep_destroy(tern_ep_t *base)
 {
     tcp_ep_t *ep = to_tcp_ep(base), **pp;
     tcp_tp_t *t = to_tcp_tp(base->tp);
-    conn_t **cp;
+    conn_t *c = ep->conn, **cp;
+
+    if (ep->destroying)
+        return;
+    ep->destroying = true;
     for (pp = &t->eps; *pp != NULL; pp = &(*pp)->next) {
         if (*pp == ep) {
             *pp = ep->next;
             break;
         }
     }
-    for (cp = &t->conns; *cp != NULL; cp = &(*cp)->next) {
-        if (*cp == ep->conn) {
-            *cp = ep->conn->next;
-            break;
+    /* The losing connection of a crossed connect may still carry this
+     * endpoint's earlier gets and puts (it is retired, not yet drained):
+     * they are canceled too, not answered into freed buffers later. */
+    for (conn_t *o = t->conns; o != NULL; o = o->next)
+        if (o->successor == c)
+            conn_fail(o, TERN_ERR_CANCELED);
+    send_bye(c);
+    if (t->in_progress > 0) {
+        conn_fail(c, TERN_ERR_CANCELED);
+        c->ep = NULL; /* conn_reap frees it */
+    } else {
+        for (cp = &t->conns; *cp != NULL; cp = &(*cp)->next) {
+            if (*cp == c) {
+                *cp = c->next;
+                break;
+            }
         }
+        conn_free(c); /* fails what is in flight with TERN_ERR_CANCELED */
+        conn_reap(t);
     }
-    send_bye(ep->conn);
-    conn_free(ep->conn); /* fails what is in flight with TERN_ERR_CANCELED */
+    drain_done(t);
     free(ep);
 }
 
@@ -1730,13 +1852,7 @@ static tern_status_t tcp_get(tern_ep_t *base, void *buf, size_t len, uint64_t ra
     tcp_tp_t *t = to_tcp_tp(base->tp);
     frame_t f = {.type = F_GET, .op_id = t->next_op++, .key = to_tcp_rkey(rkey)->key,
                  .raddr = raddr, .size = len};
-    txreq_t *r = NULL;
-    st = post(ep->conn, &f, NULL, 0, params, &r);
-    if (r != NULL) {
-        r->get_buf = buf;
-        r->get_size = len;
-    }
-    return st;
+    return post(ep->conn, &f, NULL, 0, params, buf);
 }
 
 /* ---- registration ---- */
@@ -1765,11 +1881,54 @@ static tern_status_t tcp_mr_reg(tern_transport_t *tp, void *addr, size_t len,
     return TERN_OK;
 }
 
+/*
+ * Replies to peers' gets that still read mr, whose owner may free it once
+ * tern_mr_dereg returns. One not yet started becomes a refusal: the getter
+ * hears TERN_ERR_ACCESS, as a get posted after the dereg would. One under way
+ * has promised its bytes in a header already sent: what it has yet to hand
+ * the socket is copied now, so the region is not read after the dereg. (With
+ * TERN_TCP_ZCOPY what splice already handed the kernel, in the pipe and the
+ * socket's buffer, is the region's pages by reference: docs/transport.md.) A
+ * copy that cannot be made fails the connection.
+ */
+static void revoke_replies(tcp_tp_t *t, tcp_mr_t *mr)
+{
+    for (conn_t *c = t->conns; c != NULL && mr->pins > 0; c = c->next) {
+        for (txreq_t *r = c->tx_head; r != NULL; r = r->next) {
+            if (r->type != F_GET_DATA || r->pin != mr)
+                continue;
+            if (r->iov[0].iov_len == HDR_SIZE) {
+                frame_t f;
+                frame_decode(r->hdr, &f);
+                f.status = TERN_ERR_ACCESS;
+                f.size = f.payload = 0;
+                frame_encode(&f, r->hdr);
+                r->iovcnt = 1;
+                r->zcopy = false;
+            } else if (r->iovcnt > 1 && r->iov[1].iov_len > 0) {
+                r->copy = malloc(r->iov[1].iov_len);
+                if (r->copy == NULL) {
+                    tern_warn("tcp: no memory to finish a reply from an unregistered region; "
+                              "closing the connection to peer %u",
+                              c->peer);
+                    conn_fail(c, TERN_ERR_NO_MEMORY);
+                    break; /* its queue is gone, and with it the pins */
+                }
+                memcpy(r->copy, r->iov[1].iov_base, r->iov[1].iov_len);
+                r->iov[1].iov_base = r->copy;
+            }
+            r->pin = NULL;
+            mr_unpin(t, mr);
+        }
+    }
+}
+
 static void tcp_mr_dereg(tern_mr_t *base)
 {
     tcp_mr_t *mr = to_tcp_mr(base);
     tcp_tp_t *t = to_tcp_tp(base->tp);
     HASH_DEL(t->keys, mr);
+    revoke_replies(t, mr);
     if (mr->pins > 0)
         mr->revoked = true; /* a GET_DATA still reads it: freed at the last unpin */
     else
