@@ -142,7 +142,11 @@ TERN_API tern_status_t tern_transport_open(const tern_transport_params_t *params
                                            tern_transport_t **tp_out);
 
 /* Destroy every endpoint and registration still open, then the transport.
- * Operations in flight complete with TERN_ERR_CANCELED. NULL is a no-op. */
+ * Operations in flight complete with TERN_ERR_CANCELED. Their callbacks run
+ * inside this call, before any endpoint is freed: one may call
+ * tern_ep_destroy() on an endpoint of this transport (a no-op, the close
+ * destroys it), but must not create endpoints or close the transport again
+ * (posts fail with TERN_ERR_CANCELED). NULL is a no-op. */
 TERN_API void tern_transport_close(tern_transport_t *tp);
 
 TERN_API void tern_transport_query(const tern_transport_t *tp, tern_transport_attr_t *attr);
@@ -176,7 +180,10 @@ TERN_API tern_status_t tern_transport_arm(tern_transport_t *tp);
 TERN_API tern_status_t tern_ep_create(tern_transport_t *tp, uint32_t peer_id, const void *addr,
                                       size_t len, tern_ep_t **ep_out);
 
-/* Close: operations still in flight complete with TERN_ERR_CANCELED. NULL is a no-op. */
+/* Close: operations still in flight complete with TERN_ERR_CANCELED, their
+ * callbacks inside this call. A callback may destroy this endpoint again: a
+ * no-op while its destroy (or tern_transport_close) is under way; the
+ * endpoint is freed once the callbacks have run. NULL is a no-op. */
 TERN_API void tern_ep_destroy(tern_ep_t *ep);
 
 /* The peer id given at creation. */
@@ -281,7 +288,9 @@ TERN_API tern_status_t tern_ep_send_inline(tern_ep_t *ep, uint32_t imm, void *bu
 /*
  * RDMA write: copy buf[0..len) (in params->mr) to remote address raddr inside the
  * region of rkey. With TERN_OP_PARAM_IMM the peer gets TERN_EVENT_PUT_IMM once
- * the data is in place; the put completes once its data is at the target. A key
+ * the data is in place, in posting order with the endpoint's sends and other
+ * puts with immediate (as a write with immediate on an RC QP); the put
+ * completes once its data is at the target. A key
  * that is out of bounds or without remote write access fails the operation with
  * TERN_ERR_ACCESS here and raises TERN_EVENT_ERROR at the peer; the endpoint
  * stays usable. A revoked key (its region unregistered) is refused the same way

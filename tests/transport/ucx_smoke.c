@@ -9,12 +9,14 @@
  */
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <poll.h>
+#include <pthread.h>
 
 #include <cmocka.h>
 
@@ -127,15 +129,15 @@ static void progress(pair_t *p)
         }                                                                                          \
     } while (0)
 
-static tern_transport_t *open_ucx(uint32_t id, side_t *s, int busy)
+static tern_transport_t *open_ucx_ev(uint32_t id, tern_event_fn fn, void *arg, int busy)
 {
     tern_transport_params_t params = {
         .field_mask = TERN_TRANSPORT_PARAM_PROVIDER | TERN_TRANSPORT_PARAM_SELF_ID |
                       TERN_TRANSPORT_PARAM_EVENT | TERN_TRANSPORT_PARAM_BUSY_POLL,
         .provider = "ucx",
         .self_id = id,
-        .on_event = on_event,
-        .event_arg = s,
+        .on_event = fn,
+        .event_arg = arg,
         .busy_poll = busy,
     };
     tern_transport_t *tp = NULL;
@@ -144,17 +146,27 @@ static tern_transport_t *open_ucx(uint32_t id, side_t *s, int busy)
     return tp;
 }
 
-static void connect_pair(pair_t *p)
+static tern_transport_t *open_ucx(uint32_t id, side_t *s, int busy)
+{
+    return open_ucx_ev(id, on_event, s, busy);
+}
+
+/* An endpoint on from to the transport of peer id. */
+static tern_ep_t *connect_one(tern_transport_t *from, tern_transport_t *to, uint32_t id)
 {
     uint8_t addr[TERN_ADDR_MAX];
     size_t len = sizeof(addr);
-    assert_int_equal(tern_transport_address(p->b.tp, addr, &len), TERN_OK);
-    if (tern_ep_create(p->a.tp, 1, addr, len, &p->a.ep) != TERN_OK)
-        fail_msg("ep a->b: %s", tern_last_error());
-    len = sizeof(addr);
-    assert_int_equal(tern_transport_address(p->a.tp, addr, &len), TERN_OK);
-    if (tern_ep_create(p->b.tp, 0, addr, len, &p->b.ep) != TERN_OK)
-        fail_msg("ep b->a: %s", tern_last_error());
+    tern_ep_t *ep = NULL;
+    assert_int_equal(tern_transport_address(to, addr, &len), TERN_OK);
+    if (tern_ep_create(from, id, addr, len, &ep) != TERN_OK)
+        fail_msg("ep to %u: %s", id, tern_last_error());
+    return ep;
+}
+
+static void connect_pair(pair_t *p)
+{
+    p->a.ep = connect_one(p->a.tp, p->b.tp, 1);
+    p->b.ep = connect_one(p->b.tp, p->a.tp, 0);
 }
 
 static int setup(void **state)
@@ -811,6 +823,365 @@ static void test_close_cancels(void **state)
     free(r.mem);
 }
 
+/* A CANCELED callback may destroy its endpoint while the endpoint's own
+ * destroy, or the transport's close, is under way: a no-op (the endpoint is
+ * freed once the callbacks have run), not a use of freed memory. */
+typedef struct redestroy {
+    tern_ep_t *ep;
+    unsigned done, canceled;
+} redestroy_t;
+
+static void redestroy_cb(void *arg, tern_status_t st)
+{
+    redestroy_t *r = arg;
+    r->done++;
+    r->canceled += st == TERN_ERR_CANCELED;
+    if (st != TERN_OK)
+        tern_ep_destroy(r->ep); /* "on error, drop the connection" */
+}
+
+/* Sends of max_send on ep to b, which does not progress: rendezvous, in flight. */
+static unsigned post_stuck_sends(tern_ep_t *ep, size_t len, uint8_t *buf, redestroy_t *r)
+{
+    tern_op_params_t op = {.field_mask = TERN_OP_PARAM_CB, .cb = redestroy_cb, .cb_arg = r};
+    unsigned inflight = 0;
+
+    for (int i = 0; i < 4; i++) {
+        tern_status_t st = tern_ep_send(ep, 10 + i, buf, len, &op);
+        if (st == TERN_INPROGRESS)
+            inflight++;
+        else if (st != TERN_OK)
+            fail_msg("send: %s: %s", tern_status_name(st), tern_last_error());
+    }
+    return inflight;
+}
+
+static void test_destroy_from_cancel_callback(void **state)
+{
+    pair_t *p = *state;
+    const size_t len = p->a.attr.max_send;
+    uint8_t *buf = malloc(len);
+    side_t *sc = calloc(1, sizeof(*sc));
+    redestroy_t r = {0};
+    comp_t c = {0};
+    tern_op_params_t w = with_cb(&c, NULL);
+    unsigned inflight;
+
+    assert_non_null(buf);
+    assert_non_null(sc);
+    fill(buf, len, 4);
+
+    /* tern_ep_destroy: every CANCELED callback destroys the endpoint again.
+     * From a third transport, so that a's endpoint is fresh for the close. */
+    tern_transport_t *tc = open_ucx(2, sc, 0);
+    r.ep = connect_one(tc, p->b.tp, 1);
+    post(tern_ep_send(r.ep, 1, "x", 1, &w), &c);
+    uint64_t until = tern_clock_ns() + 60 * SEC;
+    while (!(c.done == 1 && p->b.nev == 1)) {
+        if (tern_clock_ns() > until)
+            fail_msg("timed out waiting for a first send");
+        tern_transport_progress(tc);
+        tern_transport_progress(p->b.tp);
+    }
+    inflight = post_stuck_sends(r.ep, len, buf, &r);
+    assert_true(inflight > 0);
+    tern_ep_destroy(r.ep);
+    assert_int_equal(r.done, inflight);
+    assert_int_equal(r.canceled, inflight);
+    tern_transport_close(tc);
+    free(sc);
+
+    /* tern_transport_close: the same for the endpoint it is closing. */
+    post(tern_ep_send(p->a.ep, 2, "y", 1, &w), &c);
+    PUMP(p, c.done == 2 && count(&p->b, TERN_EVENT_RECV) == 2, "a send from a");
+    memset(&r, 0, sizeof(r));
+    r.ep = p->a.ep;
+    inflight = post_stuck_sends(p->a.ep, len, buf, &r);
+    assert_true(inflight > 0);
+    tern_transport_close(p->a.tp);
+    p->a.tp = NULL;
+    p->a.ep = NULL;
+    assert_int_equal(r.done, inflight);
+    assert_int_equal(r.canceled, inflight);
+    assert_int_equal(c.failed, 0);
+    free(buf);
+}
+
+/* Teardown with thousands of small sends waiting in UCX. */
+enum { BACKLOG = 6000, BACKLOG_MAX_POSTS = 400000, BACKLOG_MSG = 200 };
+
+/* What the receiving transport of the backlog tests gets: RECVs by imm.
+ * Written by the thread progressing it, read once that thread has stopped
+ * (recv also while it runs). */
+typedef struct tally {
+    uint8_t *got; /* RECVs of imm i, for i < n */
+    uint32_t n;
+    atomic_uint recv;
+    unsigned dup, stray, lost;
+} tally_t;
+
+static void tally_event(const tern_event_t *ev, void *arg)
+{
+    tally_t *t = arg;
+    if (ev->type == TERN_EVENT_RECV) {
+        if (ev->imm < t->n) {
+            t->dup += t->got[ev->imm] != 0;
+            t->got[ev->imm] = 1;
+        } else {
+            t->stray++;
+        }
+        atomic_fetch_add(&t->recv, 1);
+    } else if (ev->type == TERN_EVENT_ERROR && ev->status == TERN_ERR_PEER_LOST) {
+        t->lost++;
+    }
+}
+
+static void status_cb(void *arg, tern_status_t st)
+{
+    *(tern_status_t *)arg = st;
+}
+
+typedef struct pumper {
+    tern_transport_t *tp;
+    atomic_int stop;
+} pumper_t;
+
+static void *pump_thread(void *arg)
+{
+    pumper_t *pm = arg;
+    while (!atomic_load(&pm->stop))
+        tern_transport_progress(pm->tp);
+    return NULL;
+}
+
+/*
+ * a posts small sends to b, which does not progress, until BACKLOG of them
+ * wait in UCX (a full FIFO on sm, full socket buffers on tcp), then destroys
+ * its endpoint; b progresses meanwhile (busy_peer: in a thread of its own, as
+ * another process would) or only afterwards. Every send completes, and b
+ * gets exactly those that completed TERN_OK, none that completed
+ * TERN_ERR_CANCELED, however many were canceled (the cancel list once
+ * stopped at 4096). UCX packs a queued small send from the op's copy when it
+ * goes out: the op must outlive that (the sanitizer run sees it; b would also
+ * see malformed headers or stray imms).
+ */
+static void backlog_destroy(int busy_peer)
+{
+    tally_t ta = {0}, tb = {0};
+    tern_transport_t *a = open_ucx_ev(0, tally_event, &ta, 0);
+    tern_transport_t *b = open_ucx_ev(1, tally_event, &tb, 0);
+    tern_ep_t *ab = connect_one(a, b, 1), *ba = connect_one(b, a, 0);
+    tern_status_t *st = malloc(BACKLOG_MAX_POSTS * sizeof(*st));
+    uint8_t msg[BACKLOG_MSG];
+    unsigned n = 0, waiting = 0, ok = 0, canceled = 0, other = 0, mismatch = 0, first_bad = 0;
+    pumper_t pm = {.tp = b};
+    pthread_t th;
+    uint64_t until;
+    int timed_out = 0;
+
+    tb.n = BACKLOG_MAX_POSTS;
+    tb.got = calloc(tb.n, 1);
+    assert_non_null(st);
+    assert_non_null(tb.got);
+    memset(msg, 0x6d, sizeof(msg));
+    /* Connected first; the warm-up's imm is past the tally (a stray). */
+    assert_true(tern_ep_send(ab, BACKLOG_MAX_POSTS, "x", 1, NULL) >= 0);
+    until = tern_clock_ns() + 60 * SEC;
+    while (tb.stray == 0) {
+        if (tern_clock_ns() > until)
+            fail_msg("timed out waiting for the warm-up send");
+        tern_transport_progress(a);
+        tern_transport_progress(b);
+    }
+    while (waiting < BACKLOG && n < BACKLOG_MAX_POSTS) {
+        tern_op_params_t op = {.field_mask = TERN_OP_PARAM_CB, .cb = status_cb, .cb_arg = &st[n]};
+        tern_status_t r;
+        st[n] = TERN_INPROGRESS;
+        r = tern_ep_send(ab, n, msg, sizeof(msg), &op);
+        if (r == TERN_OK)
+            st[n] = TERN_OK;
+        else if (r == TERN_INPROGRESS)
+            waiting++;
+        else
+            fail_msg("send %u: %s: %s", n, tern_status_name(r), tern_last_error());
+        n++;
+    }
+    print_message("%u sends, %u of them waiting in UCX\n", n, waiting);
+    assert_true(waiting >= BACKLOG);
+
+    if (busy_peer)
+        assert_int_equal(pthread_create(&th, NULL, pump_thread, &pm), 0);
+    tern_ep_destroy(ab);
+    for (unsigned i = 0; i < n; i++) {
+        if (st[i] == TERN_OK)
+            ok++;
+        else if (st[i] == TERN_ERR_CANCELED)
+            canceled++;
+        else
+            other++; /* not completed, or another status */
+    }
+    print_message("after the destroy: %u sent, %u canceled, %u other\n", ok, canceled, other);
+    /* b gets every send completed as sent (and the warm-up)... */
+    until = tern_clock_ns() + 60 * SEC;
+    while (atomic_load(&tb.recv) < ok + 1 && !(timed_out = tern_clock_ns() > until)) {
+        tern_transport_progress(a);
+        if (!busy_peer)
+            tern_transport_progress(b);
+    }
+    /* ... and, however long it goes on, none canceled. */
+    for (int i = 0; i < 5000; i++) {
+        tern_transport_progress(a);
+        if (!busy_peer)
+            tern_transport_progress(b);
+    }
+    if (busy_peer) {
+        atomic_store(&pm.stop, 1);
+        pthread_join(th, NULL);
+    }
+    for (int i = 0; i < 100; i++)
+        tern_transport_progress(b);
+    for (unsigned i = 0; i < n; i++)
+        if ((st[i] == TERN_OK) != (tb.got[i] != 0) && mismatch++ == 0)
+            first_bad = i;
+    print_message("b received %u\n", atomic_load(&tb.recv));
+    if (mismatch > 0)
+        fail_msg("%u sends delivered against their status (first: send %u, %s, %s)", mismatch,
+                 first_bad, tern_status_name(st[first_bad]),
+                 tb.got[first_bad] ? "delivered" : "not delivered");
+    assert_false(timed_out);
+    assert_int_equal(tb.dup, 0);
+    assert_int_equal(tb.stray, 1);
+    assert_int_equal(other, 0);
+    tern_ep_destroy(ba);
+    tern_transport_close(a);
+    tern_transport_close(b);
+    free(tb.got);
+    free(st);
+}
+
+static void test_ep_destroy_backlog(void **state)
+{
+    (void)state;
+    backlog_destroy(0);
+}
+
+static void test_ep_destroy_backlog_busy_peer(void **state)
+{
+    (void)state;
+    backlog_destroy(1);
+}
+
+/* A get to a peer that is gone completes with TERN_ERR_PEER_LOST while the
+ * caller sleeps on the transport's fd: on shared memory UCX never finishes
+ * it, and the provider gives up on it after a second. The fd must wake for
+ * that, not sleep on. 64 KiB: under TERN_UCX_CMA's default, through UCX. */
+static void test_lost_peer_get_wakes_fd(void **state)
+{
+    pair_t *p = *state;
+    const size_t len = 64 * 1024;
+    const int fd = tern_transport_fd(p->a.tp);
+    region_t l, r;
+    comp_t c = {0};
+    tern_op_params_t op;
+    tern_status_t st;
+    unsigned sleeps = 0;
+
+    region(p, &l, len, RW, 0);
+    region(p, &r, len, RW, 1);
+    op = with_cb(&c, l.mr);
+    post(tern_ep_send(p->a.ep, 1, "x", 1, &op), &c);
+    PUMP(p, c.done == 1 && p->b.nev == 1, "a first send");
+    c.done = 0;
+    tern_transport_close(p->b.tp);
+    p->b.tp = NULL;
+    p->b.ep = NULL;
+    st = tern_ep_get(p->a.ep, l.mem, len, tern_rkey_addr(r.rkey), r.rkey, &op);
+    if (st == TERN_INPROGRESS) {
+        const uint64_t until = tern_clock_ns() + 60 * SEC;
+        while (c.done == 0) {
+            if (tern_clock_ns() > until)
+                fail_msg("the get to a lost peer did not complete");
+            while (tern_transport_progress(p->a.tp) > 0)
+                ;
+            if (c.done > 0 || tern_transport_arm(p->a.tp) != TERN_OK)
+                continue;
+            struct pollfd pfd = {.fd = fd, .events = POLLIN};
+            sleeps++;
+            if (poll(&pfd, 1, 10000) == 0)
+                fail_msg("armed with a get to a lost peer in flight, the fd did not wake in 10 s");
+        }
+        assert_int_equal(c.done, 1);
+        assert_int_equal(c.last, TERN_ERR_PEER_LOST);
+    } else {
+        assert_int_equal(st, TERN_ERR_PEER_LOST); /* known lost already: refused */
+    }
+    print_message("get: %s after %u sleeps on the fd\n", tern_status_name(c.done ? c.last : st),
+                  sleeps);
+    PUMP(p, count(&p->a, TERN_EVENT_ERROR) >= 1, "the loss event");
+    assert_int_equal(nth(&p->a, TERN_EVENT_ERROR, 0)->status, TERN_ERR_PEER_LOST);
+    tern_rkey_release(r.rkey);
+    free(r.mem); /* its registration went with b's transport */
+    region_free(&l);
+}
+
+/* A put with immediate reaches the target in posting order with the sends
+ * and refusals around it, as an RC write with immediate does: its
+ * TERN_EVENT_PUT_IMM before the RECV of a send posted after it, two puts'
+ * events in their order. 32 KiB puts go through UCX everywhere (under
+ * TERN_UCX_CMA's default): their flush needs the target's progress, so what
+ * follows is posted while the notify still waits for it. */
+static void test_put_imm_order(void **state)
+{
+    pair_t *p = *state;
+    const size_t half = 32 * 1024;
+    const size_t pre = p->a.attr.inline_prefix;
+    region_t l, r;
+    comp_t c = {0};
+    uint8_t ibuf[TERN_INLINE_PREFIX_MAX + 8];
+
+    region(p, &l, 2 * half, RW, 0);
+    region(p, &r, 2 * half, RW, 1);
+    for (uint32_t round = 0; round < 10; round++) {
+        const uint32_t imm = 1000 + 10 * round;
+        const uint64_t raddr = tern_rkey_addr(r.rkey);
+        const tern_event_type_t want[] = {TERN_EVENT_PUT_IMM, TERN_EVENT_RECV, TERN_EVENT_PUT_IMM,
+                                          TERN_EVENT_ERROR, TERN_EVENT_RECV};
+        tern_op_params_t op = with_cb(&c, l.mr), sop = with_cb(&c, NULL);
+        unsigned posted = 0;
+
+        forget_events(&p->b);
+        c.done = 0;
+        fill(l.mem, 2 * half, (uint8_t)round);
+        memset(r.mem, 0, 2 * half);
+        op.field_mask |= TERN_OP_PARAM_IMM;
+        op.imm = imm;
+        post(tern_ep_put(p->a.ep, l.mem, half, raddr, r.rkey, &op), &c);
+        post(tern_ep_send(p->a.ep, imm + 1, "after", 5, &sop), &c);
+        op.imm = imm + 2;
+        post(tern_ep_put(p->a.ep, l.mem + half, half, raddr + half, r.rkey, &op), &c);
+        posted = 3;
+        /* Refused (out of bounds): the target hears it in turn. */
+        op.imm = imm + 3;
+        assert_int_equal(tern_ep_put(p->a.ep, l.mem, 8, raddr + 2 * half, r.rkey, &op),
+                         TERN_ERR_ACCESS);
+        memset(ibuf, 0, sizeof(ibuf));
+        memcpy(ibuf + pre, "inline!", 8);
+        assert_int_equal(tern_ep_send_inline(p->a.ep, imm + 4, ibuf, 8), TERN_OK);
+        PUMP(p, c.done == posted && p->b.nev == 5, "two puts with immediate and what follows");
+        assert_int_equal(c.failed, 0);
+        for (unsigned k = 0; k < 5; k++)
+            if (p->b.ev[k].type != want[k] || p->b.ev[k].imm != imm + k)
+                fail_msg("round %u, event %u: type %d imm %u, expected type %d imm %u (out of "
+                         "posting order)",
+                         round, k, p->b.ev[k].type, p->b.ev[k].imm, want[k], imm + k);
+        assert_true(same(r.mem, 2 * half, (uint8_t)round));
+        assert_int_equal(p->b.ev[3].status, TERN_ERR_ACCESS);
+        assert_memory_equal(p->b.data[4], "inline!", 8);
+    }
+    region_free(&l);
+    region_free(&r);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -826,6 +1197,11 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_ep_destroy_cancels, setup, teardown),
         cmocka_unit_test_setup_teardown(test_peer_transport_closes, setup, teardown),
         cmocka_unit_test_setup_teardown(test_close_cancels, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_destroy_from_cancel_callback, setup, teardown),
+        cmocka_unit_test(test_ep_destroy_backlog),
+        cmocka_unit_test(test_ep_destroy_backlog_busy_peer),
+        cmocka_unit_test_setup_teardown(test_lost_peer_get_wakes_fd, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_put_imm_order, setup, teardown),
     };
     return cmocka_run_group_tests_name("ucx_smoke", tests, NULL, NULL);
 }

@@ -18,7 +18,8 @@
  *   put       ucp_put_nbx + ucp_ep_flush_nbx: a put completes once the data is
  *             at the target, as an RC write completes once acknowledged
  *   put+imm   the above, then a notify AM: the target raises TERN_EVENT_PUT_IMM
- *             only after the data is in place
+ *             only after the data is in place; the endpoint's later AMs wait
+ *             for the notify's seq (ep_release), so events keep posting order
  *   get       ucp_get_nbx
  *             (a peer process on this host, TERN_UCX_CMA bytes and more:
  *             process_vm_readv/writev for get and put, one copy; see cma_copy)
@@ -49,8 +50,12 @@
  * it is canceling (an AM, or on the notice channel below), then closes the UCP
  * endpoint (force with PEER error handling, flush without), waiting a bounded
  * time for UCX to let go of the operations' buffers; the operations in flight
- * complete with TERN_ERR_CANCELED. The peer drops the canceled messages and
- * reports TERN_ERR_PEER_LOST for its endpoint to us.
+ * complete with TERN_ERR_CANCELED, before the endpoint is freed (a callback
+ * may destroy it again: a no-op). The peer drops the canceled messages and
+ * reports TERN_ERR_PEER_LOST for its endpoint to us; on the notice channel it
+ * answers with where its delivery stopped, and the sender completes what the
+ * peer had delivered as sent: a send completed as canceled is never
+ * delivered. An op UCX still holds outlives its completion (op_detach).
  *
  * Peer failure. With UCP_ERR_HANDLING_MODE_PEER, UCX reports it (ep_err_cb).
  * Shared memory in UCX 1.13 cannot, so those endpoints (peers on this host)
@@ -59,6 +64,7 @@
  * gone.
  */
 #include <errno.h>
+#include <poll.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -69,6 +75,7 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
+#include <sys/timerfd.h>
 #include <sys/types.h>
 #include <sys/uio.h>
 #include <sys/un.h>
@@ -99,7 +106,7 @@
  * from overflow. */
 #define MAX_PUT ((size_t)1 << 40)
 
-#define WIRE_VERSION 2
+#define WIRE_VERSION 3 /* 3: BYE and notice datagrams list canceled seqs as ranges */
 #define ADDR_MAGIC 0x58435554u /* "TUCX" little-endian */
 #define RKEY_MAGIC 0x4b435554u /* "TUCK" */
 #define ADDR_HDR_LEN 40u
@@ -134,7 +141,11 @@ _Static_assert(SHORT_HDR_LEN <= TERN_INLINE_PREFIX_MAX, "the header is the inlin
  * round trip on shared memory. */
 #define NOTICE_POLL_NS (1000ull * 1000)
 #define NOTICE_HDR_LEN 20u
-#define NOTICE_MAX_LIST 4096u /* canceled seqs a BYE datagram lists at most */
+/* Canceled seqs travel as ranges (u32 first, u32 count): the sends a
+ * teardown cancels are mostly one run. A datagram holds this many; a longer
+ * list goes in several (NOTICE_CANCEL, then the BYE), never cut short. */
+#define NOTICE_MAX_RANGES 2048u
+#define RANGE_LEN 8u
 #define PROGRESS_ROUNDS 16    /* ucp_worker_progress rounds per tern progress call at most */
 #define OP_CACHE_MAX 256
 /* Received entries are recycled too, and small payloads are copied into the
@@ -151,14 +162,17 @@ enum msg_type {
     MSG_SEND = 1,    /* a tern_ep_send: payload = the data */
     MSG_PUT_IMM = 2, /* a put with immediate landed: len = its bytes */
     MSG_ACCESS = 3,  /* the sender refused a put/get on our region: imm, len */
-    MSG_BYE = 4,     /* the sender destroyed its endpoint: payload = canceled seqs */
+    MSG_BYE = 4,     /* the sender destroyed its endpoint: payload = canceled seq ranges */
 };
 
 /* Datagrams on a notice channel: u8 type, u8 version, u16 0, u32 src, u32 conn,
- * u32 seq, u32 n, then n u32 canceled seqs (BYE). */
+ * u32 seq, u32 n, then n canceled seq ranges (u32 first, u32 count). */
 enum notice_type {
-    NOTICE_HELLO = 1, /* first on a channel: which peer endpoint it belongs to */
-    NOTICE_BYE = 2,   /* the endpoint is destroyed; its next seq and canceled seqs */
+    NOTICE_HELLO = 1,  /* first on a channel: which peer endpoint it belongs to */
+    NOTICE_BYE = 2,    /* the endpoint is destroyed; its next seq and canceled ranges */
+    NOTICE_CANCEL = 3, /* more canceled ranges, ahead of the BYE */
+    NOTICE_ACK = 4,    /* the other way, answering a BYE: seq = the first seq not
+                          delivered when its cancels took effect */
 };
 
 enum msg_flag {
@@ -234,7 +248,7 @@ enum op_kind { OP_SEND, OP_PUT, OP_PUT_IMM, OP_GET, OP_CTRL };
 
 /* What an event on the transport's epoll fd points at. */
 typedef struct watch {
-    enum { WATCH_UCX, WATCH_LISTENER, WATCH_CONN, WATCH_EP } kind;
+    enum { WATCH_UCX, WATCH_LISTENER, WATCH_CONN, WATCH_EP, WATCH_TIMER } kind;
 } watch_t;
 
 /*
@@ -242,8 +256,10 @@ typedef struct watch {
  * list, and on the transport's done queue once all its UCX requests have
  * finished (pending == 0) until progress completes it. An op given up on
  * (canceled or failed by teardown or peer loss) while UCX still holds a
- * request of it releases those requests (ucp_request_free: UCX finishes them
- * on its own and calls nothing back) and is freed.
+ * request of it is completed for the user but not freed: UCX may still read
+ * its header and the small payload copied after it (a send queued behind a
+ * full FIFO is packed only when it goes out). It waits on tp->detached until
+ * UCX calls back for its last request, or until the worker is gone (tp_fini).
  */
 typedef struct ucx_op {
     link_t link;  /* ep->ops */
@@ -257,6 +273,16 @@ typedef struct ucx_op {
     ucs_status_t ustatus; /* the first error a request finished with */
     tern_status_t fail;   /* a status decided by tern (overrides ustatus) */
     bool in_done, canceled, has_seq;
+    bool detached; /* completed for the user; on tp->detached until UCX lets go */
+    bool listed;   /* teardown: its seq is in the BYE's cancel list */
+    bool sent;     /* teardown: the peer has it, or will: it completes as sent */
+    /* Ordering behind a put with immediate (ep_release): */
+    bool blocking;     /* OP_PUT_IMM whose notify has not taken its seq yet */
+    bool notify_ready; /* blocking, its flush done: the notify waits for an earlier one */
+    bool held;         /* an AM not posted yet: a blocking op is ahead of it */
+    ucs_memory_type_t hold_mt;
+    const void *hold_buf; /* held: its payload (in hdr when small, else the caller's) */
+    size_t hold_len;
     int stage;    /* OP_PUT_IMM: 0 put + flush, 1 notify */
     uint32_t seq; /* the AM's sequence number when has_seq */
     uint32_t imm;
@@ -280,8 +306,12 @@ struct ucx_ep {
     link_t rkeys;       /* ucx_rkey_t unpacked on it */
     uint32_t conn;      /* names this endpoint's stream at the peer */
     uint32_t tx_seq;    /* next AM sequence number */
+    unsigned nblock;    /* puts with immediate whose notify has not taken its seq (op->blocking) */
     bool peer_mode;     /* UCP_ERR_HANDLING_MODE_PEER: force close is allowed */
     bool lost, destroying, zombie;
+    bool bye_notice;       /* teardown: the BYE went by the notice channel */
+    bool ack_wait, acked;  /* teardown: our BYE listed cancels; the peer's answer came */
+    uint32_t ack_seq;      /* acked: the peer delivered our seqs before this one, no later */
     uint64_t linger_until; /* lost: its puts/gets may finish until then */
     int nfd;               /* our notice channel to the peer's listener, or -1 */
     ucp_rkey_h *zukeys;    /* a zombie's UCX keys, destroyed when its close is done */
@@ -354,8 +384,8 @@ struct ucx_stream {
     link_t entries;
     link_t dirty_link; /* tp->dirty when it may have something to deliver */
     uint32_t src, conn, expected;
-    uint32_t *canceled; /* seqs the peer's BYE listed */
-    size_t ncanceled;
+    uint32_t *canceled; /* seq ranges the peer's BYE listed: first, count pairs */
+    size_t ncanceled;   /* ranges */
     bool closed; /* ended (BYE delivered, or dead): later arrivals are stale */
     bool dead;   /* its notice channel hung up without a BYE: nothing more will come */
 };
@@ -367,16 +397,20 @@ struct ucx_tp {
     int efd;  /* UCX's wakeup fd, or -1 when busy-polling */
     int epfd; /* epoll over efd and the notice sockets: what tern_transport_fd gives */
     int lfd;  /* the notice listener, or -1 */
-    watch_t ucx_watch, lwatch;
+    int tfd;  /* a timerfd in epfd: wakes a sleeper when a lost peer's linger ends, or -1 */
+    watch_t ucx_watch, lwatch, twatch;
     link_t notice_conns;
     uint64_t notice_key, notice_next;
     bool notice_due;  /* look at the notice sockets on the next progress */
+    bool timer_set;   /* tfd is armed (linger_timer_arm) */
+    bool closing;     /* ucx_close has freed the streams: arrivals are dropped */
     bool peer_mode;   /* try UCP_ERR_HANDLING_MODE_PEER (cleared once it fails) */
     bool in_progress; /* ucx_progress is running (a callback must not re-enter it) */
     size_t cma_min;   /* TERN_UCX_CMA: puts and gets this large to same-host peers by cma_copy */
     uint8_t *addr;
     size_t addr_len;
     link_t eps, zombie_eps, lost, linger, done, orphan_entries, dirty;
+    link_t detached; /* ucx_op_t completed for the user whose requests UCX still holds */
     ucx_stream_t **buckets;
     size_t nbuckets, nstreams;
     ucx_stream_t *last_stream; /* the one found last: most arrivals come from it again */
@@ -557,7 +591,11 @@ static void op_request_cb(void *request, ucs_status_t status, void *arg)
             op->reqs[i] = NULL;
     if (status != UCS_OK && op->ustatus == UCS_OK)
         op->ustatus = status;
-    if (--op->pending == 0)
+    if (--op->pending > 0)
+        return;
+    if (op->detached)
+        op_free(op); /* its completion ran already: UCX was the last to hold it */
+    else
         op_settle(op);
 }
 
@@ -595,14 +633,18 @@ static void op_track(ucx_op_t *op, ucs_status_ptr_t sp)
     op->pending++;
 }
 
-/* Give op up while UCX may still hold requests of it: release them (UCX
- * completes them internally and calls nothing back) and free op. */
+/* Give op up while UCX still holds requests of it: its completion may run,
+ * but its memory stays (UCX may still pack its header and inline payload)
+ * until op_request_cb sees the last request finish, or tp_fini, once the
+ * worker can no longer touch it. */
 static void op_detach(ucx_op_t *op)
 {
-    for (int i = 0; i < 2; i++)
-        if (op->reqs[i] != NULL)
-            ucp_request_free(op->reqs[i]);
-    op_free(op);
+    link_del(&op->link);
+    link_del(&op->dlink);
+    op->in_done = false;
+    op->detached = true;
+    op->ep = NULL;
+    link_add_tail(&op->tp->detached, &op->link);
 }
 
 /* The status op finishes with. */
@@ -656,7 +698,7 @@ static ucs_status_ptr_t am_post(ucx_op_t *op, const void *buf, size_t len, uint3
      * gathered one, and the receiver reads one run of bytes. On shared
      * memory that took a fifth off a small message's round trip. */
     if (len <= MSG_INLINE && mem_type == UCS_MEMORY_TYPE_HOST && am_flags == 0) {
-        if (len > 0)
+        if (len > 0 && buf != op->hdr + MSG_HDR_LEN) /* a held op's copy is there already */
             memcpy(op->hdr + MSG_HDR_LEN, buf, len);
         sp = ucp_am_send_nbx(ep->uep, AM_ID, NULL, 0, op->hdr, MSG_HDR_LEN + len, &p);
     } else {
@@ -688,23 +730,127 @@ static inline tern_status_t ep_check(const ucx_ep_t *ep, const char *what)
     return TERN_OK;
 }
 
-/* op has no UCX request outstanding: start its next stage if it has one.
- * Returns true when op is finished (its completion is due). */
-static bool op_advance(ucx_op_t *op)
+/*
+ * Puts with immediate and the AMs after them. RC delivers a write with
+ * immediate in posting order with the sends around it; here its notify AM
+ * can take its seq only once the flush after the put is done. So while a put
+ * with immediate on an endpoint has not taken its seq (op->blocking, counted
+ * in ep->nblock), later sends and refusal notices are held (ep_hold) instead
+ * of posted, and a later put with immediate whose flush finishes first waits
+ * with its notify (notify_ready); ep_release posts them in order once the
+ * ops ahead have taken their seqs. An endpoint with no put with immediate in
+ * flight (nblock 0, the common case) sends at once.
+ */
+
+/* Whether ep may still post AMs (not being torn down, not lost). */
+static bool ep_live(const ucx_ep_t *ep)
 {
-    if (op->kind != OP_PUT_IMM || op->stage != 0 || op->canceled || op->fail != TERN_OK ||
-        op->ustatus != UCS_OK)
-        return true;
-    if (op->ep == NULL || op->ep->lost || op->ep->uep == NULL || op->ep->destroying) {
-        op->fail = TERN_ERR_PEER_LOST;
-        return true;
+    return ep != NULL && !ep->destroying && !ep->lost && ep->uep != NULL;
+}
+
+/* Keep an AM of ep (header in op->hdr) to post once the blocking ops ahead
+ * have taken their seqs. A small host payload is copied now, as a send that
+ * goes at once copies it (attr.max_inline); a larger one stays the caller's
+ * until completion, as for any send. */
+static void ep_hold(ucx_ep_t *ep, ucx_op_t *op, const void *buf, size_t len, ucs_memory_type_t mt)
+{
+    if (len <= MSG_INLINE && mt == UCS_MEMORY_TYPE_HOST) {
+        if (len > 0)
+            memcpy(op->hdr + MSG_HDR_LEN, buf, len);
+        buf = op->hdr + MSG_HDR_LEN;
     }
-    /* The data is in place (the flush finished): tell the target. */
+    op->held = true;
+    op->hold_buf = buf;
+    op->hold_len = len;
+    op->hold_mt = mt;
+    link_add_tail(&ep->ops, &op->link);
+}
+
+/* Post op's notify AM: it takes its seq. Returns true when op is finished
+ * (the AM done at once, or refused). The caller releases what waited behind it. */
+static bool op_notify(ucx_op_t *op)
+{
+    op->blocking = false;
+    op->notify_ready = false;
+    op->ep->nblock--;
     op->stage = 1;
     op->pending = 1;
     hdr_write(op->hdr, op->ep, MSG_PUT_IMM, 0, op->imm, op->len);
     op_track(op, am_post(op, NULL, 0, 0, UCS_MEMORY_TYPE_HOST));
     return --op->pending == 0;
+}
+
+/* Post, in order, the ops of ep that waited behind puts with immediate, up to
+ * the first put with immediate whose flush still runs. Runs no callback:
+ * what finishes at once is queued for progress. */
+static void ep_release(ucx_ep_t *ep)
+{
+    if (!ep_live(ep))
+        return; /* teardown or the loss fails them */
+    for (link_t *l = ep->ops.next; l != &ep->ops; l = l->next) {
+        ucx_op_t *op = link_entry(l, ucx_op_t, link);
+        if (op->blocking) {
+            if (!op->notify_ready)
+                return; /* its flush still runs: everything after it waits */
+            if (op_notify(op))
+                op_settle(op);
+        } else if (op->held) {
+            op->held = false;
+            op->pending = 1;
+            op_track(op, am_post(op, op->hold_buf, op->hold_len, 0, op->hold_mt));
+            if (--op->pending == 0)
+                op_settle(op); /* done at once (or refused): progress completes it */
+        }
+    }
+}
+
+/* op, a put with immediate, will never send its notify (failed, canceled):
+ * it no longer holds back what follows it. */
+static void op_unblock(ucx_op_t *op)
+{
+    if (!op->blocking)
+        return;
+    op->blocking = false;
+    op->notify_ready = false;
+    if (op->ep != NULL) {
+        op->ep->nblock--;
+        ep_release(op->ep);
+    }
+}
+
+/* Whether a put with immediate posted before op on its endpoint has not
+ * taken its seq yet. */
+static bool op_blocked(const ucx_op_t *op)
+{
+    for (const link_t *l = op->ep->ops.next; l != &op->link; l = l->next)
+        if (link_entry(l, const ucx_op_t, link)->blocking)
+            return true;
+    return false;
+}
+
+/* op has no UCX request outstanding: start its next stage if it has one.
+ * Returns true when op is finished (its completion is due). */
+static bool op_advance(ucx_op_t *op)
+{
+    if (op->kind != OP_PUT_IMM || op->stage != 0)
+        return true;
+    if (op->canceled || op->fail != TERN_OK || op->ustatus != UCS_OK) {
+        op_unblock(op);
+        return true;
+    }
+    if (!ep_live(op->ep)) {
+        op->fail = TERN_ERR_PEER_LOST;
+        op_unblock(op);
+        return true;
+    }
+    /* The data is in place (the flush finished): tell the target, in turn. */
+    if (op_blocked(op)) {
+        op->notify_ready = true; /* ep_release posts it */
+        return false;
+    }
+    const bool done = op_notify(op);
+    ep_release(op->ep);
+    return done;
 }
 
 /* The posting is over (op->pending held 1 during it): TERN_OK when op is
@@ -744,7 +890,9 @@ static bool ops_take(ucx_ep_t *ep, link_t *list, tern_status_t st, bool keep_rma
             kept = true;
             continue;
         }
-        if (op->canceled)
+        if (op->sent)
+            op->fail = TERN_OK; /* the peer has it: teardown canceled it too late */
+        else if (op->canceled)
             op->fail = TERN_ERR_CANCELED;
         else if (op->in_done &&
                  !(op->kind == OP_PUT_IMM && op->stage == 0 && op_status(op) == TERN_OK))
@@ -792,8 +940,12 @@ static ucx_op_t *ctrl_post(ucx_ep_t *ep, uint8_t type, uint16_t flags, uint32_t 
         return NULL;
     }
     op->payload = payload;
-    op->pending = 1;
     hdr_write(op->hdr, ep, type, flags, imm, len);
+    if (ep->nblock > 0 && type != MSG_BYE) { /* in turn behind a put with immediate */
+        ep_hold(ep, op, payload, plen, UCS_MEMORY_TYPE_HOST);
+        return op;
+    }
+    op->pending = 1;
     sp = am_post(op, payload, plen, am_flags, UCS_MEMORY_TYPE_HOST);
     if (UCS_PTR_IS_ERR(sp)) {
         tern_debug("ucx: control message %u to peer %u not sent: %s", type, ep->base.peer,
@@ -890,7 +1042,7 @@ static void stream_dirty(ucx_tp_t *tp, ucx_stream_t *s)
 static bool stream_canceled(const ucx_stream_t *s, uint32_t seq)
 {
     for (size_t i = 0; i < s->ncanceled; i++)
-        if (s->canceled[i] == seq)
+        if (seq - s->canceled[2 * i] < s->canceled[2 * i + 1])
             return true;
     return false;
 }
@@ -1053,24 +1205,42 @@ static ucs_status_t rndv_start(ucx_tp_t *tp, ucx_entry_t *e, void *desc)
     return UCS_OK; /* UCX owns the descriptor now */
 }
 
-/* Apply a BYE's list of canceled seqs to its stream. */
-static void bye_apply(ucx_stream_t *s, const uint8_t *list, size_t n)
+/* Apply n canceled seq ranges (wire form) of a BYE to its stream: those
+ * messages are dropped, and later arrivals of them too. Where the list came
+ * by AM (keep_ready) it travelled behind the messages it names, so one that
+ * has arrived whole went out before the sender closed, and the sender
+ * completes it as sent (eps_shutdown): only those still being received by
+ * rendezvous are dropped. Where it came by the notice channel, everything
+ * not yet delivered is dropped, and the ACK tells the sender where that
+ * began. */
+static void bye_apply(ucx_stream_t *s, const uint8_t *list, size_t n, bool keep_ready)
 {
+    const size_t first = s->ncanceled;
     uint32_t *c;
 
     if (n == 0)
         return;
-    if ((c = realloc(s->canceled, (s->ncanceled + n) * sizeof(*c))) == NULL) {
-        tern_warn("ucx: no memory for peer %u's list of canceled messages", s->src);
+    if ((c = realloc(s->canceled, (s->ncanceled + n) * 2 * sizeof(*c))) == NULL) {
+        tern_warn("ucx: no memory for peer %u's list of canceled messages: some may be "
+                  "delivered",
+                  s->src);
         return;
     }
     s->canceled = c;
     for (size_t i = 0; i < n; i++) {
-        uint32_t seq = tern__get_le32(list + 4 * i);
-        ucx_entry_t *e = stream_lookup(s, seq);
-        if (e != NULL)
-            entry_abandon(e);
-        s->canceled[s->ncanceled++] = seq;
+        c[2 * s->ncanceled] = tern__get_le32(list + RANGE_LEN * i);
+        c[2 * s->ncanceled + 1] = tern__get_le32(list + RANGE_LEN * i + 4);
+        s->ncanceled++;
+    }
+    for (link_t *l = s->entries.next; l != &s->entries; l = l->next) {
+        ucx_entry_t *e = link_entry(l, ucx_entry_t, link);
+        if (e->type == MSG_BYE || (keep_ready && e->ready && !e->dropped))
+            continue;
+        for (size_t i = first; i < s->ncanceled; i++)
+            if (e->seq - c[2 * i] < c[2 * i + 1]) {
+                entry_abandon(e);
+                break;
+            }
     }
 }
 
@@ -1104,6 +1274,8 @@ static ucs_status_t am_cb(void *arg, const void *header, size_t header_length, v
     const bool is_short = header_length == 0 && !rndv && length >= SHORT_HDR_LEN &&
                           *(const uint8_t *)data == WIRE_SHORT &&
                           length - SHORT_HDR_LEN <= MSG_INLINE;
+    if (tp->closing)
+        return UCS_OK; /* its streams are freed: a stream made now would be lost */
     if (is_short) {
         /* The short header (ucx_send_inline). */
         h = data;
@@ -1207,7 +1379,7 @@ static ucs_status_t am_cb(void *arg, const void *header, size_t header_length, v
             e->ready = true;
             break;
         case MSG_BYE:
-            bye_apply(s, data, length / 4);
+            bye_apply(s, data, length / RANGE_LEN, true);
             e->ready = true;
             break;
         default:
@@ -1289,7 +1461,8 @@ static bool ep_closed(ucx_ep_t *ep)
  * ours: sends can complete at once (only the gone peer would read their
  * buffers), but puts and gets run on our side (cma) and may still be writing
  * or reading: they complete when UCX is done with them, or after
- * CLOSE_WAIT_NS at the latest (ep_linger_check). */
+ * CLOSE_WAIT_NS at the latest (ep_linger_check; ucx_arm sets the fd's timer
+ * for that moment). */
 static void ep_handle_lost(ucx_tp_t *tp, ucx_ep_t *ep)
 {
     link_t ops;
@@ -1630,29 +1803,88 @@ static void ep_notice_connect(ucx_ep_t *ep, uint32_t pid, uint64_t key)
     cma_attach(ep, fd);
 }
 
-/* Send ep's BYE on its notice channel: the next seq, and (up to
- * NOTICE_MAX_LIST of) the seqs it cancels. */
-static void ep_notice_bye(ucx_ep_t *ep, const uint32_t *list, size_t n)
+/* Send one datagram on ep's notice channel, waiting (poll) until deadline
+ * for room: a peer that has not read its channel yet must still get every
+ * canceled range. */
+static bool notice_send(ucx_ep_t *ep, const uint8_t *d, size_t len, uint64_t deadline)
 {
-    uint8_t *d;
-    size_t len;
-
-    if (n > NOTICE_MAX_LIST)
-        n = NOTICE_MAX_LIST; /* the peer may then deliver some canceled sends */
-    len = NOTICE_HDR_LEN + 4 * n;
-    if ((d = malloc(len)) == NULL) {
-        n = 0;
-        len = NOTICE_HDR_LEN;
-        if ((d = malloc(len)) == NULL)
-            return; /* the hang-up still tells the peer */
+    for (;;) {
+        ssize_t r = send(ep->nfd, d, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (r == (ssize_t)len)
+            return true;
+        if (r < 0 && errno == EINTR)
+            continue;
+        const uint64_t now = tern_clock_ns();
+        if (r >= 0 || (errno != EAGAIN && errno != EWOULDBLOCK) || now >= deadline)
+            return false;
+        struct pollfd pfd = {.fd = ep->nfd, .events = POLLOUT};
+        const uint64_t ms = (deadline - now + 999999) / 1000000;
+        if (poll(&pfd, 1, ms > 1000 ? 1000 : (int)ms) < 0 && errno != EINTR)
+            return false;
     }
-    notice_fill(d, NOTICE_BYE, ep->tp->base.self_id, ep->conn, ep->tx_seq, (uint32_t)n);
-    for (size_t i = 0; i < n; i++)
-        tern__put_le32(d + NOTICE_HDR_LEN + 4 * i, list[i]);
-    if (send(ep->nfd, d, len, MSG_NOSIGNAL | MSG_DONTWAIT) != (ssize_t)len)
+}
+
+/* Send ep's BYE on its notice channel: the next seq, and the n ranges of seqs
+ * it cancels (wire form), NOTICE_MAX_RANGES to a datagram, those before the
+ * last as NOTICE_CANCEL. Returns whether all went: then the peer answers with
+ * NOTICE_ACK once it has applied them (ep_notice_ack). */
+static bool ep_notice_bye(ucx_ep_t *ep, const uint8_t *ranges, size_t n, uint64_t deadline)
+{
+    uint8_t *d =
+        malloc(NOTICE_HDR_LEN + RANGE_LEN * (n < NOTICE_MAX_RANGES ? n : NOTICE_MAX_RANGES));
+    size_t at = 0;
+    bool ok = true;
+
+    if (d == NULL) {
+        tern_warn("ucx: no memory for the BYE to peer %u: its hang-up alone tells it",
+                  ep->base.peer);
+        return false;
+    }
+    do {
+        const size_t k = n - at < NOTICE_MAX_RANGES ? n - at : NOTICE_MAX_RANGES;
+        const bool last = at + k == n;
+        notice_fill(d, last ? NOTICE_BYE : NOTICE_CANCEL, ep->tp->base.self_id, ep->conn,
+                    ep->tx_seq, (uint32_t)k);
+        if (k > 0)
+            memcpy(d + NOTICE_HDR_LEN, ranges + RANGE_LEN * at, RANGE_LEN * k);
+        ok = notice_send(ep, d, NOTICE_HDR_LEN + RANGE_LEN * k, deadline);
+        at += k;
+    } while (ok && at < n);
+    if (!ok && n > 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+        tern_warn("ucx: peer %u does not read its notice channel: the BYE did not fit in "
+                  "%llu ms, and it may deliver sends completed here as canceled",
+                  ep->base.peer, (unsigned long long)(BYE_WAIT_NS / 1000000));
+    else if (!ok) /* the peer is gone (EPIPE): it delivers nothing more anyway */
         tern_debug("ucx: BYE to peer %u not sent on its notice channel: %s", ep->base.peer,
                    strerror(errno));
     free(d);
+    return ok;
+}
+
+/* Read the peer's answer to our BYE on ep's notice channel, if it has come:
+ * sets ep->ack_seq and clears ep->ack_wait. A hang-up ends the wait too,
+ * without an answer. */
+static void ep_notice_ack(ucx_ep_t *ep)
+{
+    uint8_t d[NOTICE_HDR_LEN];
+
+    while (ep->ack_wait) {
+        ssize_t r = recv(ep->nfd, d, sizeof(d), MSG_DONTWAIT);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            return;
+        if (r <= 0) {
+            ep->ack_wait = false; /* hung up, or broken: no answer */
+            return;
+        }
+        if (r == (ssize_t)NOTICE_HDR_LEN && d[0] == NOTICE_ACK && d[1] == WIRE_VERSION &&
+            tern__get_le32(d + 8) == ep->conn) {
+            ep->ack_wait = false;
+            ep->acked = true;
+            ep->ack_seq = tern__get_le32(d + 12);
+        }
+    }
 }
 
 static void ep_notice_close(ucx_ep_t *ep)
@@ -1662,34 +1894,39 @@ static void ep_notice_close(ucx_ep_t *ep)
     ep->nfd = -1;
 }
 
-/* A BYE that came by the notice channel: file it in its stream like the AM. */
-static void notice_bye(ucx_tp_t *tp, uint32_t src, uint32_t conn, uint32_t seq, const uint8_t *list,
-                       size_t n)
+/* A BYE (or its CANCEL ahead of it) that came by the notice channel: apply
+ * its ranges to the stream and, for the BYE, file it like the AM. Returns
+ * the stream, NULL without memory. */
+static ucx_stream_t *notice_bye(ucx_tp_t *tp, bool bye, uint32_t src, uint32_t conn, uint32_t seq,
+                                const uint8_t *list, size_t n)
 {
     ucx_stream_t *s = stream_get(tp, src, conn);
     ucx_entry_t *e;
 
     if (s == NULL || s->closed || seq_before(seq, s->expected) || stream_lookup(s, seq) != NULL)
-        return;
+        return s;
+    bye_apply(s, list, n, false);
+    if (!bye)
+        return s;
     if ((e = entry_new(tp)) == NULL) {
         s->dead = true; /* cannot keep the BYE's place: end the stream with what it has */
         stream_dirty(tp, s);
-        return;
+        return s;
     }
     e->type = MSG_BYE;
     e->src = src;
     e->seq = seq;
     e->ready = true;
     stream_insert(s, e);
-    bye_apply(s, list, n);
     stream_dirty(tp, s);
+    return s;
 }
 
 /* Read what a peer endpoint's channel carries; on hang-up close it, and if
  * no BYE came, the peer died: its stream is dead. Returns what it handled. */
 static int notice_conn_read(ucx_tp_t *tp, notice_conn_t *c)
 {
-    uint8_t d[NOTICE_HDR_LEN + 4 * NOTICE_MAX_LIST];
+    uint8_t d[NOTICE_HDR_LEN + RANGE_LEN * NOTICE_MAX_RANGES];
     int n = 0;
 
     for (;;) {
@@ -1702,7 +1939,8 @@ static int notice_conn_read(ucx_tp_t *tp, notice_conn_t *c)
             break; /* hung up */
         n++;
         if ((size_t)r < NOTICE_HDR_LEN || d[1] != WIRE_VERSION ||
-            (size_t)r != NOTICE_HDR_LEN + 4 * (size_t)tern__get_le32(d + 16)) {
+            tern__get_le32(d + 16) > NOTICE_MAX_RANGES ||
+            (size_t)r != NOTICE_HDR_LEN + RANGE_LEN * (size_t)tern__get_le32(d + 16)) {
             tern_warn("ucx: malformed notice (%zd bytes) dropped", r);
             continue;
         }
@@ -1710,10 +1948,23 @@ static int notice_conn_read(ucx_tp_t *tp, notice_conn_t *c)
             c->hello = true;
             c->src = tern__get_le32(d + 4);
             c->conn = tern__get_le32(d + 8);
-        } else if (d[0] == NOTICE_BYE && c->hello && tern__get_le32(d + 4) == c->src &&
-                   tern__get_le32(d + 8) == c->conn) {
+        } else if ((d[0] == NOTICE_BYE || d[0] == NOTICE_CANCEL) && c->hello && !c->bye &&
+                   tern__get_le32(d + 4) == c->src && tern__get_le32(d + 8) == c->conn) {
+            const bool bye = d[0] == NOTICE_BYE;
+            ucx_stream_t *s = notice_bye(tp, bye, c->src, c->conn, tern__get_le32(d + 12),
+                                         d + NOTICE_HDR_LEN, tern__get_le32(d + 16));
+            if (!bye)
+                continue;
             c->bye = true;
-            notice_bye(tp, c->src, c->conn, tern__get_le32(d + 12), d + NOTICE_HDR_LEN, tern__get_le32(d + 16));
+            /* Tell the sender where delivery stopped: what it listed before
+             * that was delivered (it completes those as sent), nothing from
+             * there on will be. Messages in the fast lane have their seqs
+             * consumed already and are delivered by the next drain. */
+            uint8_t ack[NOTICE_HDR_LEN];
+            notice_fill(ack, NOTICE_ACK, tp->base.self_id, c->conn, s != NULL ? s->expected : 0, 0);
+            if (s != NULL &&
+                send(c->fd, ack, sizeof(ack), MSG_NOSIGNAL | MSG_DONTWAIT) != (ssize_t)sizeof(ack))
+                tern_debug("ucx: answer to peer %u's BYE not sent: %s", c->src, strerror(errno));
         } else {
             tern_warn("ucx: unexpected notice %u dropped", d[0]);
         }
@@ -1785,6 +2036,12 @@ static int notice_poll(ucx_tp_t *tp)
         switch (w->kind) {
         case WATCH_UCX:
             break; /* ucp_worker_progress is called anyway */
+        case WATCH_TIMER: {
+            uint64_t ticks;
+            if (read(tp->tfd, &ticks, sizeof(ticks)) < 0 && errno != EAGAIN)
+                tern_debug("ucx: read of the linger timer: %s", strerror(errno));
+            break; /* drain looks at tp->linger */
+        }
         case WATCH_LISTENER:
             handled += notice_accept(tp);
             break;
@@ -1792,8 +2049,11 @@ static int notice_poll(ucx_tp_t *tp)
             handled += notice_conn_read(tp, link_entry(w, notice_conn_t, watch));
             break;
         case WATCH_EP: {
-            /* The listener end never writes: any event is the peer going away. */
+            /* The listener end writes only the answer to our BYE, which
+             * teardown reads itself: any other event is the peer going away. */
             ucx_ep_t *ep = link_entry(w, ucx_ep_t, nwatch);
+            if (ep->destroying)
+                break;
             tern_debug("ucx: the notice channel to peer %u hung up", ep->base.peer);
             ep_notice_close(ep);
             ep_mark_lost(ep, UCS_ERR_CONNECTION_RESET);
@@ -1922,6 +2182,38 @@ static bool has_pending_work(const ucx_tp_t *tp)
            tp->nfast > 0;
 }
 
+/* Set the timer in the transport's fd for the earliest end of a lost
+ * peer's linger (none: disarmed). Returns false when one has ended already:
+ * there is work for progress now. */
+static bool linger_timer_arm(ucx_tp_t *tp)
+{
+    struct itimerspec its;
+    uint64_t first = UINT64_MAX;
+
+    for (const link_t *l = tp->linger.next; l != &tp->linger; l = l->next) {
+        const ucx_ep_t *ep = link_entry(l, const ucx_ep_t, lost_link);
+        if (ep->linger_until < first)
+            first = ep->linger_until;
+    }
+    if (first != UINT64_MAX && first <= tern_clock_ns())
+        return false;
+    if (first == UINT64_MAX && !tp->timer_set)
+        return true;              /* the common case: no syscall */
+    memset(&its, 0, sizeof(its)); /* zero: disarmed */
+    if (first != UINT64_MAX) {
+        /* tern_clock_ns is CLOCK_MONOTONIC, as the timer's clock. */
+        its.it_value.tv_sec = (time_t)(first / 1000000000u);
+        its.it_value.tv_nsec = (long)(first % 1000000000u);
+    }
+    if (timerfd_settime(tp->tfd, TFD_TIMER_ABSTIME, &its, NULL) != 0) {
+        tern_warn("ucx: timerfd_settime: %s: a sleeper may wake late for a lost peer",
+                  strerror(errno));
+        return first == UINT64_MAX; /* rather no sleep than a sleep with no end */
+    }
+    tp->timer_set = first != UINT64_MAX;
+    return true;
+}
+
 static tern_status_t ucx_arm(tern_transport_t *btp)
 {
     ucx_tp_t *tp = to_ucx_tp(btp);
@@ -1929,7 +2221,7 @@ static tern_status_t ucx_arm(tern_transport_t *btp)
 
     if (tp->efd < 0)
         return tern__error(TERN_ERR_UNSUPPORTED, "ucx: busy-poll mode has no fd to arm");
-    if (has_pending_work(tp))
+    if (has_pending_work(tp) || !linger_timer_arm(tp))
         return TERN_ERR_NO_RESOURCE;
     st = ucp_worker_arm(tp->worker);
     if (st == UCS_ERR_BUSY)
@@ -2004,15 +2296,45 @@ static bool ep_ops_settled(const ucx_ep_t *ep)
     return true;
 }
 
+/* Teardown may stop waiting for ep: UCX has let go of its ops (and, with
+ * peer error handling, closed it), and the peer has answered our BYE or
+ * cannot. */
+static bool ep_quiet(ucx_ep_t *ep)
+{
+    ep_notice_ack(ep);
+    return ep_ops_settled(ep) && (!ep->peer_mode || ep_closed(ep)) && !ep->ack_wait;
+}
+
+/* Which of ep's canceled ops the peer has (or will have) all the same, so
+ * that they complete as sent, not as canceled: with a BYE by the notice
+ * channel, those before where the peer's answer says delivery stopped (none
+ * without an answer: the peer drops all it had not delivered when it reads
+ * the BYE, which its progress does before anything else once a millisecond
+ * has passed); with a BYE by AM, which travels behind them, those UCX has
+ * finished sending. */
+static void ep_sent_mark(ucx_ep_t *ep)
+{
+    for (link_t *l = ep->ops.next; l != &ep->ops; l = l->next) {
+        ucx_op_t *op = link_entry(l, ucx_op_t, link);
+        if (!op->listed)
+            continue;
+        if (ep->bye_notice)
+            op->sent = ep->acked && seq_before(op->seq, ep->ack_seq);
+        else
+            op->sent = op->in_done && op->ustatus == UCS_OK;
+    }
+}
+
 /*
  * Destroy n endpoints together (one for tern_ep_destroy, all for close):
  *  1. every op still in flight is canceled; a BYE listing the canceled
  *     messages goes to each peer still there; wait (bounded) for the BYEs;
  *  2. close the UCP endpoints; wait (bounded) for the closes and for UCX to
  *     let go of the ops' requests;
- *  3. complete the ops (TERN_ERR_CANCELED for the canceled), free the
- *     endpoints (one whose close has not finished is kept as a zombie until it
- *     has, or until the worker goes).
+ *  3. complete the ops (TERN_ERR_CANCELED for the canceled, but as sent
+ *     those the peer has: ep_sent_mark), then free the endpoints (one whose
+ *     close has not finished is kept as a zombie until it has, or until the
+ *     worker goes).
  * Internal progress only records; no user callback runs before step 3.
  */
 static void eps_shutdown(ucx_tp_t *tp, ucx_ep_t **eps, size_t n)
@@ -2021,10 +2343,11 @@ static void eps_shutdown(ucx_tp_t *tp, ucx_ep_t **eps, size_t n)
     link_t ops;
 
     ucs_log_push_handler(quiet_log);
+    deadline = tern_clock_ns() + BYE_WAIT_NS;
     for (size_t i = 0; i < n; i++) {
         ucx_ep_t *ep = eps[i];
-        uint32_t *list = NULL;
-        size_t nlist = 0, cap = 0;
+        uint8_t *ranges = NULL; /* wire form: u32 first, u32 count */
+        size_t nr = 0, cap = 0;
         bool listing = true;
 
         ep->destroying = true;
@@ -2036,36 +2359,48 @@ static void eps_shutdown(ucx_tp_t *tp, ucx_ep_t **eps, size_t n)
             op->canceled = true;
             if (!listing || !op->has_seq || op->pending == 0)
                 continue;
-            if (nlist == cap) {
-                size_t ncap = cap ? 2 * cap : 16;
-                uint32_t *nl = realloc(list, ncap * sizeof(*nl));
+            op->listed = true;
+            if (nr > 0 && op->seq == tern__get_le32(ranges + RANGE_LEN * (nr - 1)) +
+                                         tern__get_le32(ranges + RANGE_LEN * (nr - 1) + 4)) {
+                uint8_t *count = ranges + RANGE_LEN * (nr - 1) + 4;
+                tern__put_le32(count, tern__get_le32(count) + 1);
+                continue;
+            }
+            if (nr == cap) {
+                size_t ncap = cap ? 2 * cap : 8;
+                uint8_t *nl = realloc(ranges, ncap * RANGE_LEN);
                 if (nl == NULL) {
-                    listing = false; /* the peer may then deliver some canceled sends */
+                    tern_warn("ucx: no memory for the list of canceled sends to peer %u: it may "
+                              "deliver some completed here as canceled",
+                              ep->base.peer);
+                    listing = false;
+                    op->listed = false;
                     continue;
                 }
-                list = nl;
+                ranges = nl;
                 cap = ncap;
             }
-            list[nlist++] = op->seq;
+            tern__put_le32(ranges + RANGE_LEN * nr, op->seq);
+            tern__put_le32(ranges + RANGE_LEN * nr + 4, 1);
+            nr++;
         }
         if (ep->uep != NULL && !ep->lost) {
             if (ep->nfd >= 0) {
-                ep_notice_bye(ep, list, nlist);
+                ep->bye_notice = true;
+                /* An answer is worth waiting for only if there are cancels. */
+                ep->ack_wait = ep_notice_bye(ep, ranges, nr, deadline) && nr > 0;
             } else {
-                uint8_t *payload = NULL;
-                if (nlist > 0 && (payload = malloc(4 * nlist)) != NULL)
-                    for (size_t k = 0; k < nlist; k++)
-                        tern__put_le32(payload + 4 * k, list[k]);
-                ep->bye = ctrl_post(ep, MSG_BYE, 0, 0, 0, payload, payload ? 4 * nlist : 0,
-                                    UCP_AM_SEND_FLAG_EAGER);
+                ep->bye =
+                    ctrl_post(ep, MSG_BYE, 0, 0, 0, ranges, RANGE_LEN * nr, UCP_AM_SEND_FLAG_EAGER);
+                ranges = NULL; /* ctrl_post's now */
             }
         }
-        ep_notice_close(ep);
-        free(list);
+        if (!ep->ack_wait)
+            ep_notice_close(ep);
+        free(ranges);
     }
 
     /* Nothing frees ops until the end of this function, so the BYE pointers stay valid. */
-    deadline = tern_clock_ns() + BYE_WAIT_NS;
     for (size_t i = 0; i < n; i++)
         while (eps[i]->bye != NULL && eps[i]->bye->pending > 0 && tern_clock_ns() < deadline)
             ucp_worker_progress(tp->worker);
@@ -2073,7 +2408,9 @@ static void eps_shutdown(ucx_tp_t *tp, ucx_ep_t **eps, size_t n)
     /* Wait until UCX lets go of the ops' buffers: a force close purges them at
      * once; a flush close (no peer error handling) finishes them, which may need
      * the peer's progress. A close that finishes later, with no op left in it,
-     * holds no buffer of the user's: the endpoint waits as a zombie. */
+     * holds no buffer of the user's: the endpoint waits as a zombie. The
+     * peer's answer to a BYE by the notice channel is waited for in the same
+     * time. */
     for (size_t i = 0; i < n; i++)
         ep_close_uep(eps[i]);
     deadline = tern_clock_ns() + CLOSE_WAIT_NS;
@@ -2081,14 +2418,15 @@ static void eps_shutdown(ucx_tp_t *tp, ucx_ep_t **eps, size_t n)
         ucx_ep_t *ep = eps[i];
         /* A flush close to a peer that is gone would only run out the clock. */
         const bool wait = ep->peer_mode || !ep->lost;
-        while (wait && !(ep_ops_settled(ep) && (!ep->peer_mode || ep_closed(ep))) &&
-               tern_clock_ns() < deadline)
+        while (wait && !ep_quiet(ep) && tern_clock_ns() < deadline)
             ucp_worker_progress(tp->worker);
         if (wait && !ep_ops_settled(ep))
             tern_warn("ucx: UCX still holds operations to peer %u after %llu ms (the peer is "
-                      "not progressing?): they complete as canceled, UCX may still touch their "
-                      "buffers until it finishes them",
+                      "not progressing?): they complete as canceled, UCX may still touch the "
+                      "buffers of the larger ones until it finishes them",
                       ep->base.peer, (unsigned long long)(CLOSE_WAIT_NS / 1000000));
+        ep_sent_mark(ep);
+        ep_notice_close(ep);
         if (!ep_closed(ep))
             ep->zombie = true;
     }
@@ -2096,16 +2434,20 @@ static void eps_shutdown(ucx_tp_t *tp, ucx_ep_t **eps, size_t n)
 
     link_init(&ops);
     for (size_t i = 0; i < n; i++) {
+        ops_take(eps[i], &ops, TERN_ERR_CANCELED, false);
+        rkeys_detach(eps[i]);
+    }
+    /* The callbacks run while the endpoints still exist: one may destroy its
+     * endpoint (a no-op, it is being destroyed: ucx_ep_destroy), or another. */
+    ops_complete(&ops);
+    for (size_t i = 0; i < n; i++) {
         ucx_ep_t *ep = eps[i];
-        ops_take(ep, &ops, TERN_ERR_CANCELED, false);
-        rkeys_detach(ep);
         link_del(&ep->link);
         if (ep->zombie) /* UCX still uses it (close, error callback, keys): reaped by drain */
             link_add_tail(&tp->zombie_eps, &ep->link);
         else
             free(ep);
     }
-    ops_complete(&ops);
 }
 
 /* ---- endpoints ---- */
@@ -2217,10 +2559,15 @@ out:
     return ret;
 }
 
+/* A destroy of an endpoint already being destroyed (from one of the
+ * CANCELED completions its own destroy, or the transport's close, runs) does
+ * nothing: the destroy under way frees it once its callbacks have run. */
 static void ucx_ep_destroy(tern_ep_t *bep)
 {
     ucx_ep_t *ep = to_ucx_ep(bep);
 
+    if (ep->destroying)
+        return;
     eps_shutdown(ep->tp, &ep, 1);
 }
 
@@ -2248,6 +2595,13 @@ static tern_status_t ucx_send(tern_ep_t *bep, uint32_t imm, const void *buf, siz
 
     if ((st = ep_check(ep, "tern_ep_send")) != TERN_OK)
         return st;
+    if (ep->nblock > 0) { /* behind a put with immediate (ep_release) */
+        if ((op = op_new(ep->tp, ep, OP_SEND, params)) == NULL)
+            return tern__error(TERN_ERR_NO_MEMORY, "tern_ep_send: no memory for the operation");
+        hdr_write(op->hdr, ep, MSG_SEND, 0, imm, len);
+        ep_hold(ep, op, buf, len, mem_type_of(params));
+        return TERN_INPROGRESS;
+    }
     if ((op = op_alloc(ep->tp)) == NULL)
         return tern__error(TERN_ERR_NO_MEMORY, "tern_ep_send: no memory for the operation");
     op->ep = ep; /* all am_post reads of op besides its header */
@@ -2407,6 +2761,10 @@ static tern_status_t ucx_put(tern_ep_t *bep, const void *buf, size_t len, uint64
                            ucs_status_string(UCS_PTR_STATUS(sp)));
     }
     op_track(op, sp);
+    if (has_imm) { /* what is posted after it waits until its notify has a seq */
+        op->blocking = true;
+        ep->nblock++;
+    }
     return op_launched(op);
 }
 
@@ -2757,6 +3115,13 @@ static void tp_fini(ucx_tp_t *tp, bool keep_worker)
             ucp_request_free(e->req);
         e->req = NULL;
     }
+    for (link_t *l = tp->detached.next; l != &tp->detached; l = l->next) {
+        ucx_op_t *op = link_entry(l, ucx_op_t, link);
+        for (int i = 0; i < 2; i++)
+            if (op->reqs[i] != NULL)
+                ucp_request_free(op->reqs[i]); /* no callback from here on */
+        op->reqs[0] = op->reqs[1] = NULL;
+    }
     for (link_t *l = tp->zombie_eps.next; l != &tp->zombie_eps; l = l->next) {
         ucx_ep_t *ep = link_entry(l, ucx_ep_t, link);
         if (ep->close_req != NULL)
@@ -2777,7 +3142,14 @@ static void tp_fini(ucx_tp_t *tp, bool keep_worker)
      * request name them (a purge at worker destroy dereferences them). */
     if (tp->base.ops != NULL)
         tern__tp_release_mrs(&tp->base);
-    /* What UCX may have still held went with the worker. */
+    /* What UCX may have still held went with the worker (or is parked,
+     * never to be progressed again). */
+    while (!link_empty(&tp->detached)) {
+        ucx_op_t *op = link_entry(tp->detached.next, ucx_op_t, link);
+        link_del(&op->link);
+        free(op->payload);
+        free(op);
+    }
     while (!link_empty(&tp->orphan_entries)) {
         ucx_entry_t *e = link_entry(tp->orphan_entries.next, ucx_entry_t, link);
         link_del(&e->link);
@@ -2799,6 +3171,8 @@ static void tp_fini(ucx_tp_t *tp, bool keep_worker)
     }
     if (tp->lfd >= 0)
         close(tp->lfd);
+    if (tp->tfd >= 0)
+        close(tp->tfd);
     if (tp->epfd >= 0)
         close(tp->epfd);
     while (tp->op_cache != NULL) {
@@ -2829,6 +3203,7 @@ static tern_status_t ucx_open(const tern__tp_config_t *cfg, tern_transport_t **t
     tp->efd = -1;
     tp->epfd = -1;
     tp->lfd = -1;
+    tp->tfd = -1;
     tp->peer_mode = true;
     tp->cma_min = cfg->ucx_cma;
     link_init(&tp->notice_conns);
@@ -2837,6 +3212,7 @@ static tern_status_t ucx_open(const tern__tp_config_t *cfg, tern_transport_t **t
     link_init(&tp->lost);
     link_init(&tp->linger);
     link_init(&tp->done);
+    link_init(&tp->detached);
     link_init(&tp->orphan_entries);
     link_init(&tp->dirty);
     tp->nbuckets = 64;
@@ -2933,6 +3309,16 @@ static tern_status_t ucx_open(const tern__tp_config_t *cfg, tern_transport_t **t
         ucp_worker_release_address(tp->worker, wattr.address);
         goto out;
     }
+    /* The fd must also wake a sleeper when a lost peer's puts and gets are
+     * due to be given up on (ep_linger_check): nothing else happens then. */
+    tp->twatch.kind = WATCH_TIMER;
+    if (tp->efd >= 0 &&
+        ((tp->tfd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC)) < 0 ||
+         watch_add(tp, tp->tfd, &tp->twatch) != 0)) {
+        ret = tern__error_errno(TERN_ERR_NO_RESOURCE, errno, "ucx: timerfd for the transport's fd");
+        ucp_worker_release_address(tp->worker, wattr.address);
+        goto out;
+    }
     tp->notice_key = ((uint64_t)tp->conn_nonce << 32) ^ (tern_clock_ns() * 0x9e3779b97f4a7c15ull);
     notice_listen(tp);
 
@@ -2973,9 +3359,12 @@ static void ucx_close(tern_transport_t *btp)
     ucx_ep_t **eps;
     uint64_t deadline;
 
-    for (link_t *l = tp->eps.next; l != &tp->eps; l = l->next)
-        n++;
-    if (n > 0) {
+    /* Again while the CANCELED callbacks of a round made endpoints (they
+     * should not; this keeps such an endpoint from outliving the worker). */
+    while (!link_empty(&tp->eps)) {
+        n = 0;
+        for (link_t *l = tp->eps.next; l != &tp->eps; l = l->next)
+            n++;
         if ((eps = malloc(n * sizeof(*eps))) != NULL) {
             size_t i = 0;
             for (link_t *l = tp->eps.next; l != &tp->eps; l = l->next)
@@ -2983,14 +3372,13 @@ static void ucx_close(tern_transport_t *btp)
             eps_shutdown(tp, eps, n);
             free(eps);
         } else {
-            while (!link_empty(&tp->eps)) {
-                ucx_ep_t *ep = link_entry(tp->eps.next, ucx_ep_t, link);
-                eps_shutdown(tp, &ep, 1);
-            }
+            ucx_ep_t *ep = link_entry(tp->eps.next, ucx_ep_t, link);
+            eps_shutdown(tp, &ep, 1);
         }
     }
     /* Nothing more is delivered: drop what waits, give UCX a moment to finish
      * the rendezvous receives still writing into our buffers. */
+    tp->closing = true;
     for (size_t i = 0; i < tp->nbuckets; i++)
         while (tp->buckets[i] != NULL)
             stream_free(tp, tp->buckets[i]);
