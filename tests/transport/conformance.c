@@ -1219,6 +1219,64 @@ static void test_destroy_in_callbacks(void **state)
     region_free(&remote);
 }
 
+/* A CANCELED completion may destroy its endpoint while that endpoint, or the
+ * whole transport, is being torn down: a no-op, and the operations each
+ * complete once. Both providers freed the endpoint under the callback. */
+static void cancel_destroys(pair_t *p, int close)
+{
+    const size_t len = 4u << 20;
+    region_t local, remote;
+    region_make(p, &local, len, RW, 0);
+    region_make(p, &remote, len, RW, 1);
+    send_one(p, &p->a, 1, 1);
+    counter_t c[8];
+    unsigned inflight = 0;
+    for (int i = 0; i < 8; i++) {
+        c[i] = (counter_t){.destroy = &p->a.ep};
+        tern_op_params_t op = cb_params(&c[i]);
+        op.field_mask |= TERN_OP_PARAM_MR;
+        op.mr = local.mr;
+        inflight += posted(tern_ep_get(p->a.ep, local.mem, len, tern_rkey_addr(remote.rkey),
+                                       remote.rkey, &op),
+                           &c[i]);
+    }
+    tern_rkey_release(remote.rkey);
+    remote.rkey = NULL;
+    if (close) {
+        tern_rkey_release(local.rkey); /* unpacked on b's endpoint */
+        local.rkey = NULL;
+        tern_mr_dereg(local.mr);
+        local.mr = NULL;
+        tern_transport_close(p->a.tp);
+        p->a.tp = NULL;
+    } else {
+        tern_ep_destroy(p->a.ep);
+    }
+    p->a.ep = NULL;
+    unsigned done = 0;
+    for (int i = 0; i < 8; i++) {
+        assert_int_equal(c[i].done, 1);
+        done += c[i].done;
+    }
+    print_message("%u of 8 gets in flight at the %s\n", inflight, close ? "close" : "destroy");
+    assert_int_equal(done, 8);
+    tern_rkey_release(local.rkey);
+    tern_mr_dereg(local.mr);
+    free(local.mem);
+    tern_mr_dereg(remote.mr);
+    free(remote.mem);
+}
+
+static void test_destroy_in_cancel_callback(void **state)
+{
+    cancel_destroys(*state, 0);
+}
+
+static void test_destroy_in_cancel_callback_at_close(void **state)
+{
+    cancel_destroys(*state, 1);
+}
+
 /* A get of 64 MiB whose reply is partly in when its endpoint is destroyed
  * completes once, CANCELED, within the destroy; when the target's transport
  * closes instead, it completes once with an error. tcp completed neither:
@@ -1461,6 +1519,8 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_strangers, setup, teardown),
         cmocka_unit_test_setup_teardown(test_stranger_before_endpoint, setup_one_way, teardown),
         cmocka_unit_test_setup_teardown(test_destroy_in_callbacks, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_destroy_in_cancel_callback, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_destroy_in_cancel_callback_at_close, setup, teardown),
         cmocka_unit_test_setup_teardown(test_get_interrupted_by_destroy, setup, teardown),
         cmocka_unit_test_setup_teardown(test_get_interrupted_by_close, setup, teardown),
         cmocka_unit_test_setup_teardown(test_no_callback_inside_post, setup, teardown),
