@@ -1261,9 +1261,16 @@ static void cancel_destroys(pair_t *p, int close)
     print_message("%u of 8 gets in flight at the %s\n", inflight, close ? "close" : "destroy");
     assert_int_equal(done, 8);
     tern_rkey_release(local.rkey);
-    tern_mr_dereg(local.mr);
+    /* The gets were canceled at a, but b's worker may still serve their
+     * requests (ucx's one-sided RMA, revokes_keys 0), and a's may still land
+     * a reply: the memory outlives both transports, whose close releases
+     * the registrations. */
+    tern_transport_close(p->a.tp);
+    p->a.tp = NULL;
+    tern_transport_close(p->b.tp);
+    p->b.tp = NULL;
+    p->b.ep = NULL;
     free(local.mem);
-    tern_mr_dereg(remote.mr);
     free(remote.mem);
 }
 
@@ -1323,8 +1330,14 @@ static void get_interrupted(pair_t *p, int close_target)
         progress_both(p);
     assert_int_equal(c.done, 1);
     assert_int_equal(c.in_a_post, 0);
-    region_free(&local);
-    tern_mr_dereg(remote.mr);
+    tern_rkey_release(local.rkey);
+    /* As in cancel_destroys: the memory outlives both transports. */
+    tern_transport_close(p->a.tp);
+    p->a.tp = NULL;
+    tern_transport_close(p->b.tp);
+    p->b.tp = NULL;
+    p->b.ep = NULL;
+    free(local.mem);
     free(remote.mem);
 }
 
