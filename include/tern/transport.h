@@ -181,7 +181,9 @@ TERN_API tern_status_t tern_ep_create(tern_transport_t *tp, uint32_t peer_id, co
                                       size_t len, tern_ep_t **ep_out);
 
 /* Close: operations still in flight complete with TERN_ERR_CANCELED, their
- * callbacks inside this call. A callback may destroy this endpoint again: a
+ * callbacks inside this call (a send the peer turns out to have delivered
+ * completes TERN_OK instead: one completed CANCELED is never delivered).
+ * A callback may destroy this endpoint again: a
  * no-op while its destroy (or tern_transport_close) is under way; the
  * endpoint is freed once the callbacks have run. NULL is a no-op. */
 TERN_API void tern_ep_destroy(tern_ep_t *ep);
