@@ -1219,6 +1219,24 @@ static void test_destroy_in_callbacks(void **state)
     region_free(&remote);
 }
 
+/* The end of a test whose gets from a into remote (b's) were canceled: b's
+ * worker may still serve their requests (ucx's one-sided RMA, revokes_keys
+ * 0), and a's may still land a reply, so the memory outlives both
+ * transports, whose close releases the registrations. */
+static void close_then_free(pair_t *p, region_t *local, region_t *remote)
+{
+    tern_rkey_release(local->rkey);
+    local->rkey = NULL;
+    tern_transport_close(p->a.tp);
+    p->a.tp = NULL;
+    p->a.ep = NULL;
+    tern_transport_close(p->b.tp);
+    p->b.tp = NULL;
+    p->b.ep = NULL;
+    free(local->mem);
+    free(remote->mem);
+}
+
 /* A CANCELED completion may destroy its endpoint while that endpoint, or the
  * whole transport, is being torn down: a no-op, and the operations each
  * complete once. Both providers freed the endpoint under the callback. */
@@ -1260,18 +1278,7 @@ static void cancel_destroys(pair_t *p, int close)
     }
     print_message("%u of 8 gets in flight at the %s\n", inflight, close ? "close" : "destroy");
     assert_int_equal(done, 8);
-    tern_rkey_release(local.rkey);
-    /* The gets were canceled at a, but b's worker may still serve their
-     * requests (ucx's one-sided RMA, revokes_keys 0), and a's may still land
-     * a reply: the memory outlives both transports, whose close releases
-     * the registrations. */
-    tern_transport_close(p->a.tp);
-    p->a.tp = NULL;
-    tern_transport_close(p->b.tp);
-    p->b.tp = NULL;
-    p->b.ep = NULL;
-    free(local.mem);
-    free(remote.mem);
+    close_then_free(p, &local, &remote);
 }
 
 static void test_destroy_in_cancel_callback(void **state)
@@ -1330,15 +1337,7 @@ static void get_interrupted(pair_t *p, int close_target)
         progress_both(p);
     assert_int_equal(c.done, 1);
     assert_int_equal(c.in_a_post, 0);
-    tern_rkey_release(local.rkey);
-    /* As in cancel_destroys: the memory outlives both transports. */
-    tern_transport_close(p->a.tp);
-    p->a.tp = NULL;
-    tern_transport_close(p->b.tp);
-    p->b.tp = NULL;
-    p->b.ep = NULL;
-    free(local.mem);
-    free(remote.mem);
+    close_then_free(p, &local, &remote);
 }
 
 static void test_get_interrupted_by_destroy(void **state)
