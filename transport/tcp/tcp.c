@@ -248,16 +248,23 @@ static inline tcp_rkey_t *to_tcp_rkey(tern_rkey_t *rkey)
     return (tcp_rkey_t *)rkey;
 }
 
+/* Append r to the queue *head..*tail (a connection's transmit or pending
+ * queue, the transport's completions). */
+static void txq_append(txreq_t **head, txreq_t **tail, txreq_t *r)
+{
+    r->next = NULL;
+    if (*tail)
+        (*tail)->next = r;
+    else
+        *head = r;
+    *tail = r;
+}
+
 /* Queue r's completion with st (r is freed once it has run). */
 static void comp_defer(tcp_tp_t *t, txreq_t *r, tern_status_t st)
 {
     r->status = st;
-    r->next = NULL;
-    if (t->done_tail)
-        t->done_tail->next = r;
-    else
-        t->done_head = r;
-    t->done_tail = r;
+    txq_append(&t->done_head, &t->done_tail, r);
 }
 
 /* Run the queued completions, in the order they were reached. A callback may
@@ -396,12 +403,7 @@ static void set_want_out(conn_t *c, bool want)
 static void tx_done(conn_t *c, txreq_t *r)
 {
     if (r->type == F_PUT || r->type == F_GET) {
-        r->next = NULL;
-        if (c->pend_tail)
-            c->pend_tail->next = r;
-        else
-            c->pend_head = r;
-        c->pend_tail = r;
+        txq_append(&c->pend_head, &c->pend_tail, r);
         return;
     }
     if (r->type == F_GET_DATA) {
@@ -582,12 +584,7 @@ static txreq_t *txreq_new(const frame_t *f, const void *payload, size_t len)
 
 static void enqueue(conn_t *c, txreq_t *r)
 {
-    r->next = NULL;
-    if (c->tx_tail)
-        c->tx_tail->next = r;
-    else
-        c->tx_head = r;
-    c->tx_tail = r;
+    txq_append(&c->tx_head, &c->tx_tail, r);
 }
 
 /*
