@@ -47,17 +47,9 @@ int tern_bench_parse(const char *name, tern_bench_test_t *test)
     return -1;
 }
 
-static int cmp_u64(const void *a, const void *b)
-{
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-    return x < y ? -1 : x > y;
-}
-
 unsigned tern_bench_warmup(const tern_bench_opts_t *opts, unsigned iters)
 {
-    if (opts->warmup_given)
-        return opts->warmup;
-    return iters / 10 > 2 ? iters / 10 : 2;
+    return opts->warmup_given ? opts->warmup : tern_bench_warmup_default(iters);
 }
 
 tern_status_t tern_bench_agree(tern_ctx_t *ctx, int ok, const char *what, size_t size)
@@ -188,7 +180,7 @@ tern_status_t tern_bench_run(tern_ctx_t *ctx, const tern_bench_opts_t *opts, siz
         double sum = 0;
         for (unsigned i = 0; i < iters; i++)
             sum += (double)samples[i];
-        qsort(samples, iters, sizeof(*samples), cmp_u64);
+        tern_bench_sort_u64(samples, iters);
         res->lat_us_avg = sum / iters / 2 / 1000.0;
         res->lat_us_p50 = (double)samples[tern_bench_pct_index(iters, 50)] / 2 / 1000.0;
         res->lat_us_p99 = (double)samples[tern_bench_pct_index(iters, 99)] / 2 / 1000.0;

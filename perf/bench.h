@@ -72,8 +72,15 @@ typedef struct tern_bench_result {
 tern_status_t tern_bench_run(tern_ctx_t *ctx, const tern_bench_opts_t *opts, size_t size,
                              tern_bench_result_t *result);
 
-/* The untimed iterations before iters timed ones. */
+/* The untimed iterations before iters timed ones: opts->warmup when given,
+ * else tern_bench_warmup_default(iters). */
 unsigned tern_bench_warmup(const tern_bench_opts_t *opts, unsigned iters);
+
+/* A tenth of the timed iterations, at least 2. */
+static inline unsigned tern_bench_warmup_default(unsigned iters)
+{
+    return iters / 10 > 2 ? iters / 10 : 2;
+}
 
 /* Whether every rank of ctx's world has ok set, agreed before any timing so
  * that a rank that could not allocate its buffers does not leave the others

@@ -29,12 +29,6 @@
  * dtype: not 0/1 for bool, not a small integer for the others). */
 #define POISON 0xA5
 
-static int cmp_u64(const void *a, const void *b)
-{
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-    return x < y ? -1 : x > y;
-}
-
 /* As bench.c's latency iterations: 64 MiB of traffic per size, 10 to 10000. */
 static unsigned default_iters(size_t size)
 {
@@ -521,7 +515,7 @@ tern_status_t tern_bench_coll_run(tern_ctx_t *ctx, const tern_bench_opts_t *o, s
     for (unsigned i = 0; i < iters; i++)
         sum += (double)samples[i];
     max_us = sum / iters / 1000.0;
-    qsort(samples, iters, sizeof(*samples), cmp_u64);
+    tern_bench_sort_u64(samples, iters);
     res->lat_us_p50 = (double)samples[tern_bench_pct_index(iters, 50)] / 1000.0;
     res->lat_us_p99 = (double)samples[tern_bench_pct_index(iters, 99)] / 1000.0;
     res->lat_us_avg = max_us;

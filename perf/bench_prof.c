@@ -23,12 +23,6 @@
 #define RANGE_SESSION_CHUNKS 250u
 #define RANGE_NAME "tern_perf_range"
 
-static int cmp_u64(const void *a, const void *b)
-{
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-    return x < y ? -1 : x > y;
-}
-
 /* Rank 0 says it is done; the others wait for that, however long it takes. */
 static tern_status_t serve_until_done(tern_ctx_t *ctx, const char *key)
 {
@@ -78,7 +72,7 @@ static void fill(tern_bench_prof_row_t *row, const char *test, size_t size, uint
         return;
     for (size_t i = 0; i < n; i++)
         sum += (double)v[i];
-    qsort(v, n, sizeof(*v), cmp_u64);
+    tern_bench_sort_u64(v, n);
     row->ns_avg = sum / (double)n / per;
     row->ns_p50 = (double)v[tern_bench_pct_index(n, 50)] / per;
     row->ns_p99 = (double)v[tern_bench_pct_index(n, 99)] / per;
@@ -244,7 +238,7 @@ static tern_status_t rpc_rounds(rpc_bench_t *b, const tern_bench_prof_opts_t *o,
                                 unsigned batches, rpc_samples_t *s)
 {
     tern_status_t st;
-    unsigned warmup = o->warmup_given ? o->warmup : (iters / 10 > 2 ? iters / 10 : 2);
+    unsigned warmup = o->warmup_given ? o->warmup : tern_bench_warmup_default(iters);
     /* Untimed: the first calls, and the first session (allocations, endpoints). */
     if ((st = rpc_batch(b, 0, warmup, s, NULL)) != TERN_OK ||
         (st = rpc_batch(b, 1, warmup, s, NULL)) != TERN_OK)

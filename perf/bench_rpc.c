@@ -14,22 +14,11 @@
 
 #define DONE_KEY "tern-perf/rpc/done"
 
-static int cmp_u64(const void *a, const void *b)
-{
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-    return x < y ? -1 : x > y;
-}
-
 /* rpc_lat as bench.c's lat: 64 MiB of payload per size, 10 to 10000 calls. */
 static unsigned lat_iters(size_t size)
 {
     uint64_t n = (64ull << 20) / (size ? size : 1);
     return n < 10 ? 10 : n > 10000 ? 10000 : (unsigned)n;
-}
-
-static unsigned warmup_of(const tern_bench_opts_t *o, unsigned iters)
-{
-    return tern_bench_warmup(o, iters);
 }
 
 /* The echo: every argument tensor back, a pulled one without a copy
@@ -80,7 +69,7 @@ tern_status_t tern_bench_rpc_lat(tern_ctx_t *ctx, const tern_bench_opts_t *o, si
     if ((st = callee(ctx, to, sizeof(to))) != TERN_OK)
         return st;
     unsigned iters = o->iters ? o->iters : lat_iters(size);
-    unsigned warmup = warmup_of(o, iters);
+    unsigned warmup = tern_bench_warmup(o, iters);
     res->size = size;
     res->iters = iters;
 
@@ -130,7 +119,7 @@ tern_status_t tern_bench_rpc_lat(tern_ctx_t *ctx, const tern_bench_opts_t *o, si
     double sum = 0;
     for (unsigned i = 0; i < iters; i++)
         sum += (double)samples[i];
-    qsort(samples, iters, sizeof(*samples), cmp_u64);
+    tern_bench_sort_u64(samples, iters);
     res->lat_us_avg = sum / iters / 1000.0;
     res->lat_us_p50 = (double)samples[tern_bench_pct_index(iters, 50)] / 1000.0;
     res->lat_us_p99 = (double)samples[tern_bench_pct_index(iters, 99)] / 1000.0;
@@ -181,7 +170,7 @@ tern_status_t tern_bench_rpc_rate(tern_ctx_t *ctx, const tern_bench_opts_t *o,
     unsigned window = o->window ? o->window : 64;
     /* 16384 calls by default at the usual window of 64: a second or so. */
     unsigned iters = o->iters ? o->iters : (16384 + window - 1) / window;
-    unsigned warmup = warmup_of(o, iters);
+    unsigned warmup = tern_bench_warmup(o, iters);
     res->size = 0;
     res->iters = iters;
     tern_future_t **futs = calloc(window, sizeof(*futs));

@@ -20,6 +20,7 @@
 #include <tern/tensor.h>
 
 #include "core/config.h"
+#include "perf/stats.h"
 #include "tensor/reduce.h"
 
 #define MAX_SIZES 16
@@ -184,15 +185,9 @@ static int parse_args(int argc, char **argv, opts_t *o)
     return 0;
 }
 
-static int cmp_u64(const void *x, const void *y)
-{
-    uint64_t a = *(const uint64_t *)x, b = *(const uint64_t *)y;
-    return (a > b) - (a < b);
-}
-
 static uint64_t median(uint64_t *v, unsigned n)
 {
-    qsort(v, n, sizeof(*v), cmp_u64);
+    tern_bench_sort_u64(v, n);
     return v[n / 2];
 }
 
