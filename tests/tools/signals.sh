@@ -119,22 +119,22 @@ until_state() { # pid regex what
         sleep 0.05
     done
 }
+# job_in regex what: tern-run, both ranks and each rank's child in a state.
+job_in() {
+    until_state "$job" "$1" "tern-run $2"
+    for r in 0 1; do
+        until_state "$(pid_in "$TMP/rank.$r.pid")" "$1" "rank $r $2"
+        until_state "$(pid_in "$TMP/child.$r.pid")" "$1" "rank $r's child $2"
+    done
+}
 rm -f "$TMP"/rank.*.pid "$TMP"/child.*.pid
 start --timeout 4s -n 2 "$PROBE" pidfile "$TMP" detach "$TMP" waitsig echo finished
 wait_for "$TMP/out" 'ready$' 2 10
 kill -TSTP "$job"
-until_state "$job" '^T$' "tern-run stopped on SIGTSTP"
-for r in 0 1; do
-    until_state "$(pid_in "$TMP/rank.$r.pid")" '^T$' "rank $r stopped with tern-run"
-    until_state "$(pid_in "$TMP/child.$r.pid")" '^T$' "rank $r's child stopped with tern-run"
-done
+job_in '^T$' "stopped on SIGTSTP"
 sleep 5
 kill -CONT "$job"
-until_state "$job" '^[RS]$' "tern-run continued"
-for r in 0 1; do
-    until_state "$(pid_in "$TMP/rank.$r.pid")" '^[RS]$' "rank $r continued"
-    until_state "$(pid_in "$TMP/child.$r.pid")" '^[RS]$' "rank $r's child continued"
-done
+job_in '^[RS]$' "continued on SIGCONT"
 kill -USR1 "$job"
 finish 0 "SIGTSTP, then SIGCONT"
 has "$TMP/out" '^\[0\] finished$' "rank 0 finished after SIGCONT"
