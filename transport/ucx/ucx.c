@@ -358,7 +358,6 @@ typedef struct ucx_entry {
     void *desc;           /* a UCX descriptor held (ucp_am_data_release) */
     void *buf;            /* malloc'd: a rendezvous target or a copy */
     void *req;            /* the rendezvous receive while it runs */
-    bool rndv_ended;      /* rndv_done_cb has run */
     struct ucx_entry *cache_next;
     uint8_t small[ENTRY_INLINE]; /* a small payload's copy: no malloc */
 } ucx_entry_t;
@@ -1150,7 +1149,6 @@ static void rndv_done_cb(void *request, ucs_status_t status, size_t length, void
 
     ucp_request_free(request);
     e->req = NULL;
-    e->rndv_ended = true;
     if (!e->in_stream) { /* given up on: only the buffer was waiting for UCX */
         entry_free(tp, e);
         return;
@@ -1201,14 +1199,15 @@ static ucs_status_t rndv_start(ucx_tp_t *tp, ucx_entry_t *e, void *desc)
                    ucs_status_string(UCS_PTR_STATUS(sp)));
         e->ready = true;
         e->dropped = true;
-    } else if (!e->rndv_ended) {
+    } else if (!e->ready) {
         e->req = sp;
     }
-    /* else UCX 1.13 finished the receive inside the call (the sender's
-     * endpoint is already closed here: ucp_rndv_receive completes it
-     * CANCELED), ran rndv_done_cb, which released it, and returned it all
-     * the same: keeping it would free it twice, corrupting UCX's request
-     * pool (a segfault at worker destroy, or two owners of one request). */
+    /* else (e is ready on its way in only through rndv_done_cb) UCX 1.13
+     * finished the receive inside the call (the sender's endpoint is already
+     * closed here: ucp_rndv_receive completes it CANCELED), ran rndv_done_cb,
+     * which released it, and returned it all the same: keeping it would free
+     * it twice, corrupting UCX's request pool (a segfault at worker destroy,
+     * or two owners of one request). */
     return UCS_OK; /* UCX owns the descriptor now */
 }
 
