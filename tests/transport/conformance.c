@@ -976,6 +976,79 @@ static void test_peer_closes_mid_transfer(void **state)
     free(rmem);
 }
 
+/* ---- a peer that closes on purpose ---- */
+
+/*
+ * b closes its transport (its tern_finalize) while a stays. a hears it as an
+ * error event from b with TERN_ERR_CLOSED, an orderly end that p2p logs at
+ * info level, never TERN_ERR_PEER_LOST, which it warns of; and a's later
+ * sends fail. Once with an endpoint on b's side (its BYE says so), once
+ * without (b only ever received from a: its transport says goodbye as it
+ * closes).
+ */
+static void expect_closed(pair_t *p, const char *what)
+{
+    uint8_t tmp[8] = {0};
+    send_one(p, &p->a, 3, 8); /* up, and b has a's first message */
+    PUMP_UNTIL(p, p->b.nrecv == 1, "the first message");
+    tern_transport_close(p->b.tp);
+    p->b.tp = NULL;
+    p->b.ep = NULL;
+    PUMP_UNTIL(p, p->a.nerror > 0, what);
+    for (int i = 0; i < 100; i++)
+        tern_transport_progress(p->a.tp); /* any second word on it */
+    for (unsigned i = 0; i < p->a.nerror; i++) {
+        assert_int_equal(p->a.err_src[i], 1);
+        if (p->a.err_status[i] != TERN_ERR_CLOSED)
+            fail_msg("%s: event %u says %s, want TERN_ERR_CLOSED", what, i,
+                     tern_strerror(p->a.err_status[i]));
+    }
+    uint64_t deadline = tern_clock_ns() + 10 * SEC;
+    tern_status_t st;
+    while ((st = tern_ep_send(p->a.ep, 1, tmp, sizeof(tmp), NULL)) == TERN_OK &&
+           tern_clock_ns() < deadline)
+        tern_transport_progress(p->a.tp);
+    if (st == TERN_OK || st == TERN_INPROGRESS)
+        fail_msg("%s: a send after the close was taken (%s)", what, tern_strerror(st));
+}
+
+static void test_peer_closes_on_purpose(void **state)
+{
+    pair_t *p = *state;
+    send_one(p, &p->b, 4, 8); /* b's endpoint is up too */
+    expect_closed(p, "the event of b's close");
+}
+
+/* Whether UCX_TLS names shared-memory transports only ("sm,self" too). */
+static int ucx_shm_only(void)
+{
+    static const char *const shm[] = {"sm", "posix", "sysv", "cma", "knem", "xpmem", "self"};
+    const char *tls = getenv("UCX_TLS");
+    char buf[256];
+    if (tls == NULL || strlen(tls) >= sizeof(buf))
+        return 0;
+    strcpy(buf, tls);
+    for (char *save = NULL, *t = strtok_r(buf, ",", &save); t != NULL; t = strtok_r(NULL, ",", &save)) {
+        int found = 0;
+        for (size_t i = 0; i < sizeof(shm) / sizeof(shm[0]); i++)
+            found |= strcmp(t, shm[i]) == 0;
+        if (!found)
+            return 0;
+    }
+    return 1;
+}
+
+static void test_peer_closes_without_endpoint(void **state)
+{
+    /* Over UCX's network transports b has nothing to say goodbye on: no
+     * endpoint of its own, and no notice channel (those are for peers on
+     * one host without UCX's peer error handling). a hears a loss there
+     * (docs/transport-ucx.md). */
+    if (strcmp(provider, "ucx") == 0 && !ucx_shm_only())
+        skip();
+    expect_closed(*state, "the event of b's close (b had no endpoint)");
+}
+
 /* ---- strangers at the tcp listener ---- */
 
 /*
@@ -1538,6 +1611,8 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_host_shm, setup, teardown),
         cmocka_unit_test_setup_teardown(test_rx_window_and_keys, setup, teardown),
         cmocka_unit_test_setup_teardown(test_peer_closes_mid_transfer, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_peer_closes_on_purpose, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_peer_closes_without_endpoint, setup_one_way, teardown),
         cmocka_unit_test_setup_teardown(test_strangers, setup, teardown),
         cmocka_unit_test_setup_teardown(test_stranger_before_endpoint, setup_one_way, teardown),
         cmocka_unit_test_setup_teardown(test_destroy_in_callbacks, setup, teardown),

@@ -1748,8 +1748,11 @@ static void send_bye(conn_t *c)
 {
     uint8_t hdr[HDR_SIZE];
     frame_t f = {.type = F_BYE};
-    if (c->state != C_OPEN || c->tx_head != NULL)
-        return; /* mid-frame: a BYE now would corrupt the stream */
+    /* Mid-frame a BYE would corrupt the stream. A plugged winner has
+     * written nothing yet (it was an incoming connection, silent until the
+     * peer's HELLO plugged it): its BYE may go ahead of its queue. */
+    if (c->state != C_OPEN || (c->tx_head != NULL && !c->plugged))
+        return;
     frame_encode(&f, hdr);
     if (send(c->fd, hdr, HDR_SIZE, MSG_NOSIGNAL | MSG_DONTWAIT) != HDR_SIZE)
         tern_debug("tcp: could not say goodbye to peer %u", c->peer);
@@ -1777,13 +1780,18 @@ static void tcp_ep_destroy(tern_ep_t *base)
             break;
         }
     }
+    /* Goodbye first: failing a switch's retired connection below fails
+     * its plugged winner too, and the peer would hear a loss. */
+    send_bye(c);
     /* The losing connection of a crossed connect may still carry this
      * endpoint's earlier gets and puts (it is retired, not yet drained):
      * they are canceled too, not answered into freed buffers later. */
-    for (conn_t *o = t->conns; o != NULL; o = o->next)
-        if (o->successor == c)
+    for (conn_t *o = t->conns; o != NULL; o = o->next) {
+        if (o->successor == c) {
+            send_bye(o); /* or its end of o hears a loss */
             conn_fail(o, TERN_ERR_CANCELED);
-    send_bye(c);
+        }
+    }
     if (t->in_progress > 0) {
         conn_fail(c, TERN_ERR_CANCELED);
         c->ep = NULL; /* conn_reap frees it */

@@ -171,6 +171,7 @@ enum notice_type {
     NOTICE_HELLO = 1,  /* first on a channel: which peer endpoint it belongs to */
     NOTICE_BYE = 2,    /* the endpoint is destroyed; its next seq and canceled ranges */
     NOTICE_CANCEL = 3, /* more canceled ranges, ahead of the BYE */
+    NOTICE_GONE = 5,   /* the other way, as the listener's transport closes on purpose */
     NOTICE_ACK = 4,    /* the other way, answering a BYE: seq = the first seq not
                           delivered when its cancels took effect */
 };
@@ -319,6 +320,7 @@ struct ucx_ep {
     watch_t nwatch;
     pid_t cma_pid; /* the peer process, for puts and gets by cma_copy; 0: through UCX */
     ucs_status_t lost_status;
+    bool peer_closed; /* lost because the peer closed on purpose (its BYE): TERN_ERR_CLOSED */
 };
 
 typedef struct ucx_mr {
@@ -388,6 +390,7 @@ struct ucx_stream {
     size_t ncanceled;   /* ranges */
     bool closed; /* ended (BYE delivered, or dead): later arrivals are stale */
     bool dead;   /* its notice channel hung up without a BYE: nothing more will come */
+    bool bye;    /* its BYE arrived: the peer closed its endpoint on purpose */
 };
 
 struct ucx_tp {
@@ -717,6 +720,9 @@ static tern_status_t ep_refusal(const ucx_ep_t *ep, const char *what)
     if (ep->destroying)
         return tern__error(TERN_ERR_CANCELED, "%s: the endpoint to peer %u is being destroyed",
                            what, ep->base.peer);
+    if (ep->peer_closed)
+        return tern__error(TERN_ERR_PEER_LOST, "%s: peer %u closed its endpoint", what,
+                           ep->base.peer);
     return tern__error(TERN_ERR_PEER_LOST, "%s: peer %u is lost (%s)", what, ep->base.peer,
                        ucs_status_string(ep->lost_status));
 }
@@ -1386,6 +1392,7 @@ static ucs_status_t am_cb(void *arg, const void *header, size_t header_length, v
             break;
         case MSG_BYE:
             bye_apply(s, data, length / RANGE_LEN, true);
+            s->bye = true;
             e->ready = true;
             break;
         default:
@@ -1423,10 +1430,30 @@ static void ep_err_cb(void *arg, ucp_ep_h uep, ucs_status_t status)
     ep_mark_lost(ep, status);
 }
 
-static void event_peer_lost(ucx_tp_t *tp, uint32_t peer)
+/* The user hears that peer is gone: TERN_ERR_CLOSED when it closed its
+ * endpoint on purpose (its tern_finalize: nothing to warn about), else
+ * TERN_ERR_PEER_LOST. As the tcp provider says it. */
+static void event_peer_lost(ucx_tp_t *tp, uint32_t peer, bool closed)
 {
-    tern_event_t ev = {.type = TERN_EVENT_ERROR, .src = peer, .status = TERN_ERR_PEER_LOST};
+    tern_event_t ev = {.type = TERN_EVENT_ERROR,
+                       .src = peer,
+                       .status = closed ? TERN_ERR_CLOSED : TERN_ERR_PEER_LOST};
     tern__tp_event(&tp->base, &ev);
+}
+
+/* Whether a BYE from peer has arrived and not yet been delivered. A peer
+ * that closes says BYE before its endpoint goes (by AM, ahead of the close,
+ * or on the notice channel, before the hang-up), but the hang-up or UCX's
+ * error callback may be seen first. A stream whose BYE was delivered is
+ * closed, and its loss was handled then: an earlier endpoint's goodbye does
+ * not excuse a later one's loss. */
+static bool peer_bye_pending(const ucx_tp_t *tp, uint32_t peer)
+{
+    for (size_t i = 0; i < tp->nbuckets; i++)
+        for (const ucx_stream_t *s = tp->buckets[i]; s != NULL; s = s->hnext)
+            if (s->src == peer && s->bye && !s->closed)
+                return true;
+    return false;
 }
 
 /* Start closing ep's UCP endpoint: force (purging its requests) where
@@ -1475,7 +1502,11 @@ static void ep_handle_lost(ucx_tp_t *tp, ucx_ep_t *ep)
     const uint32_t peer = ep->base.peer;
 
     link_del(&ep->lost_link);
-    tern_debug("ucx: peer %u lost (%s)", peer, ucs_status_string(ep->lost_status));
+    if (!ep->peer_closed)
+        ep->peer_closed = peer_bye_pending(tp, peer);
+    const bool closed = ep->peer_closed;
+    tern_debug("ucx: peer %u %s (%s)", peer, closed ? "closed its endpoint" : "lost",
+               ucs_status_string(ep->lost_status));
     ep_notice_close(ep);
     if (ep->peer_mode)
         ep_close_uep(ep);
@@ -1486,7 +1517,7 @@ static void ep_handle_lost(ucx_tp_t *tp, ucx_ep_t *ep)
     }
     /* From here the callbacks may destroy ep. */
     ops_complete(&ops);
-    event_peer_lost(tp, peer);
+    event_peer_lost(tp, peer, closed);
 }
 
 /* A lost endpoint's puts and gets that UCX has still not finished after
@@ -1512,7 +1543,7 @@ static bool ep_linger_check(ucx_ep_t *ep, uint64_t now)
 }
 
 /* A peer's BYE was delivered: it destroyed its endpoint to us. */
-static void peer_left(ucx_tp_t *tp, uint32_t src)
+static void peer_left(ucx_tp_t *tp, uint32_t src, bool closed)
 {
     bool found = false;
 
@@ -1520,12 +1551,14 @@ static void peer_left(ucx_tp_t *tp, uint32_t src)
         ucx_ep_t *ep = link_entry(l, ucx_ep_t, link);
         if (ep->base.peer == src && !ep->destroying) {
             found = true;
-            if (!ep->lost)
+            if (!ep->lost) {
                 ep_mark_lost(ep, UCS_ERR_CONNECTION_RESET);
+                ep->peer_closed = closed;
+            }
         }
     }
     if (!found)
-        event_peer_lost(tp, src); /* we only received from it: still worth knowing */
+        event_peer_lost(tp, src, closed); /* we only received from it: still worth knowing */
 }
 
 /* ---- delivery (from progress only) ---- */
@@ -1538,7 +1571,7 @@ static void stream_end(ucx_tp_t *tp, ucx_stream_t *s)
     if (s->closed)
         return;
     s->closed = true;
-    peer_left(tp, s->src);
+    peer_left(tp, s->src, s->bye);
 }
 
 static void entry_deliver(ucx_tp_t *tp, ucx_entry_t *e)
@@ -1893,6 +1926,25 @@ static void ep_notice_ack(ucx_ep_t *ep)
     }
 }
 
+/* Whether the peer's listener end said NOTICE_GONE on ep's channel (its
+ * transport closes on purpose, though it may never have had an endpoint to
+ * us to say BYE on). */
+static bool ep_notice_gone(ucx_ep_t *ep)
+{
+    uint8_t d[NOTICE_HDR_LEN];
+
+    for (;;) {
+        ssize_t r = recv(ep->nfd, d, sizeof(d), MSG_DONTWAIT);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            return false; /* hung up, nothing (more) to read, or broken */
+        if (r == (ssize_t)NOTICE_HDR_LEN && d[0] == NOTICE_GONE && d[1] == WIRE_VERSION &&
+            tern__get_le32(d + 4) == ep->base.peer && tern__get_le32(d + 8) == ep->conn)
+            return true;
+    }
+}
+
 static void ep_notice_close(ucx_ep_t *ep)
 {
     if (ep->nfd >= 0)
@@ -1914,6 +1966,7 @@ static ucx_stream_t *notice_bye(ucx_tp_t *tp, bool bye, uint32_t src, uint32_t c
     bye_apply(s, list, n, false);
     if (!bye)
         return s;
+    s->bye = true;
     if ((e = entry_new(tp)) == NULL) {
         s->dead = true; /* cannot keep the BYE's place: end the stream with what it has */
         stream_dirty(tp, s);
@@ -2023,7 +2076,9 @@ static int notice_accept(ucx_tp_t *tp)
             continue;
         }
         link_add_tail(&tp->notice_conns, &c->link);
-        n++;
+        /* Read it now: a peer that closes connects, says BYE and hangs up
+         * ours in a moment, and notice_poll reads its BYE before our loss. */
+        n += 1 + notice_conn_read(tp, c);
     }
 }
 
@@ -2037,9 +2092,14 @@ static int notice_poll(ucx_tp_t *tp)
     tp->notice_due = false;
     tp->notice_next = tern__clock_coarse_ns() + NOTICE_POLL_NS;
     n = epoll_wait(tp->epfd, evs, 32, 0);
+    /* Two passes: a peer that closes says BYE on its channel to us before
+     * its end of ours hangs up, so what the peer's channels carry is read
+     * first (the loss of ours then knows it was on purpose). */
     for (int i = 0; i < n; i++) {
         watch_t *w = evs[i].data.ptr;
         switch (w->kind) {
+        case WATCH_EP:
+            break; /* the second pass */
         case WATCH_UCX:
             break; /* ucp_worker_progress is called anyway */
         case WATCH_TIMER: {
@@ -2054,19 +2114,23 @@ static int notice_poll(ucx_tp_t *tp)
         case WATCH_CONN:
             handled += notice_conn_read(tp, link_entry(w, notice_conn_t, watch));
             break;
-        case WATCH_EP: {
-            /* The listener end writes only the answer to our BYE, which
-             * teardown reads itself: any other event is the peer going away. */
-            ucx_ep_t *ep = link_entry(w, ucx_ep_t, nwatch);
-            if (ep->destroying)
-                break;
-            tern_debug("ucx: the notice channel to peer %u hung up", ep->base.peer);
-            ep_notice_close(ep);
-            ep_mark_lost(ep, UCS_ERR_CONNECTION_RESET);
-            handled++;
-            break;
         }
-        }
+    }
+    for (int i = 0; i < n; i++) {
+        watch_t *w = evs[i].data.ptr;
+        /* The listener end writes only the answer to our BYE, which
+         * teardown reads itself, and NOTICE_GONE as it closes: any event
+         * is the peer going away, on purpose if it said so. */
+        ucx_ep_t *ep = w->kind == WATCH_EP ? link_entry(w, ucx_ep_t, nwatch) : NULL;
+        if (ep == NULL || ep->destroying)
+            continue;
+        if (ep_notice_gone(ep))
+            ep->peer_closed = true;
+        tern_debug("ucx: the notice channel to peer %u %s", ep->base.peer,
+                   ep->peer_closed ? "says it closes" : "hung up");
+        ep_notice_close(ep);
+        ep_mark_lost(ep, UCS_ERR_CONNECTION_RESET);
+        handled++;
     }
     if (n == (int)(sizeof(evs) / sizeof(evs[0])))
         tp->notice_due = true;
@@ -3171,6 +3235,25 @@ static void tp_fini(ucx_tp_t *tp, bool keep_worker)
         zombie_free(link_entry(tp->zombie_eps.next, ucx_ep_t, link));
     while (!link_empty(&tp->notice_conns)) {
         notice_conn_t *c = link_entry(tp->notice_conns.next, notice_conn_t, link);
+        /* A peer's endpoint to us hears that this transport closes on
+         * purpose (it may have no BYE from us: we never had an endpoint
+         * to it), not that it died. */
+        uint8_t gone[NOTICE_HDR_LEN];
+        while (!c->hello) { /* a channel not read yet: its HELLO names the endpoint */
+            ssize_t r = recv(c->fd, gone, sizeof(gone), MSG_DONTWAIT);
+            if (r < 0 && errno == EINTR)
+                continue;
+            if (r <= 0)
+                break;
+            if (r == (ssize_t)NOTICE_HDR_LEN && gone[0] == NOTICE_HELLO && gone[1] == WIRE_VERSION) {
+                c->hello = true;
+                c->src = tern__get_le32(gone + 4);
+                c->conn = tern__get_le32(gone + 8);
+            }
+        }
+        notice_fill(gone, NOTICE_GONE, tp->base.self_id, c->conn, 0, 0);
+        if (c->hello && send(c->fd, gone, sizeof(gone), MSG_NOSIGNAL | MSG_DONTWAIT) < 0)
+            tern_debug("ucx: goodbye to peer %u's endpoint not sent: %s", c->src, strerror(errno));
         link_del(&c->link);
         close(c->fd);
         free(c);
