@@ -68,7 +68,7 @@ typedef enum tern_event_type {
     TERN_EVENT_PUT_IMM = 2, /* a put with immediate finished landing len bytes in a local region */
     TERN_EVENT_ERROR = 3,   /* a peer's operation on this side failed (status), or the peer is
                                lost (TERN_ERR_PEER_LOST) or closed its endpoint to us on purpose
-                               (TERN_ERR_CLOSED, tcp); imm names the failed put's immediate */
+                               (TERN_ERR_CLOSED); imm names the failed put's immediate */
 } tern_event_type_t;
 
 typedef struct tern_event {
