@@ -2097,6 +2097,8 @@ static int notice_poll(ucx_tp_t *tp)
      * first (the loss of ours then knows it was on purpose). */
     for (int i = 0; i < n; i++) {
         watch_t *w = evs[i].data.ptr;
+        if (w->kind != WATCH_EP)
+            evs[i].data.ptr = NULL; /* handled now (a hung-up channel is freed) */
         switch (w->kind) {
         case WATCH_EP:
             break; /* the second pass */
@@ -2121,7 +2123,7 @@ static int notice_poll(ucx_tp_t *tp)
         /* The listener end writes only the answer to our BYE, which
          * teardown reads itself, and NOTICE_GONE as it closes: any event
          * is the peer going away, on purpose if it said so. */
-        ucx_ep_t *ep = w->kind == WATCH_EP ? link_entry(w, ucx_ep_t, nwatch) : NULL;
+        ucx_ep_t *ep = w != NULL ? link_entry(w, ucx_ep_t, nwatch) : NULL;
         if (ep == NULL || ep->destroying)
             continue;
         if (ep_notice_gone(ep))
