@@ -1866,7 +1866,7 @@ static bool notice_send(ucx_ep_t *ep, const uint8_t *d, size_t len, uint64_t dea
 /* Send ep's BYE on its notice channel: the next seq, and the n ranges of seqs
  * it cancels (wire form), NOTICE_MAX_RANGES to a datagram, those before the
  * last as NOTICE_CANCEL. Returns whether all went: then the peer answers with
- * NOTICE_ACK once it has applied them (ep_notice_ack). */
+ * NOTICE_ACK once it has applied them (ep_notice_read). */
 static bool ep_notice_bye(ucx_ep_t *ep, const uint8_t *ranges, size_t n, uint64_t deadline)
 {
     uint8_t *d =
@@ -1900,36 +1900,12 @@ static bool ep_notice_bye(ucx_ep_t *ep, const uint8_t *ranges, size_t n, uint64_
     return ok;
 }
 
-/* Read the peer's answer to our BYE on ep's notice channel, if it has come:
- * sets ep->ack_seq and clears ep->ack_wait. A hang-up ends the wait too,
- * without an answer. */
-static void ep_notice_ack(ucx_ep_t *ep)
-{
-    uint8_t d[NOTICE_HDR_LEN];
-
-    while (ep->ack_wait) {
-        ssize_t r = recv(ep->nfd, d, sizeof(d), MSG_DONTWAIT);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
-            return;
-        if (r <= 0) {
-            ep->ack_wait = false; /* hung up, or broken: no answer */
-            return;
-        }
-        if (r == (ssize_t)NOTICE_HDR_LEN && d[0] == NOTICE_ACK && d[1] == WIRE_VERSION &&
-            tern__get_le32(d + 8) == ep->conn) {
-            ep->ack_wait = false;
-            ep->acked = true;
-            ep->ack_seq = tern__get_le32(d + 12);
-        }
-    }
-}
-
-/* Whether the peer's listener end said NOTICE_GONE on ep's channel (its
- * transport closes on purpose, though it may never have had an endpoint to
- * us to say BYE on). */
-static bool ep_notice_gone(ucx_ep_t *ep)
+/* Read what the peer's listener end says on ep's notice channel: the answer
+ * to our BYE (NOTICE_ACK: sets ep->ack_seq, clears ep->ack_wait) and
+ * NOTICE_GONE as its transport closes on purpose (sets ep->peer_closed: it
+ * may never have had an endpoint to us to say BYE on). Returns false once
+ * the channel has hung up or broken, which ends an ACK wait too. */
+static bool ep_notice_read(ucx_ep_t *ep)
 {
     uint8_t d[NOTICE_HDR_LEN];
 
@@ -1937,11 +1913,22 @@ static bool ep_notice_gone(ucx_ep_t *ep)
         ssize_t r = recv(ep->nfd, d, sizeof(d), MSG_DONTWAIT);
         if (r < 0 && errno == EINTR)
             continue;
-        if (r <= 0)
-            return false; /* hung up, nothing (more) to read, or broken */
-        if (r == (ssize_t)NOTICE_HDR_LEN && d[0] == NOTICE_GONE && d[1] == WIRE_VERSION &&
-            tern__get_le32(d + 4) == ep->base.peer && tern__get_le32(d + 8) == ep->conn)
+        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
             return true;
+        if (r <= 0) {
+            ep->ack_wait = false; /* no answer will come */
+            return false;
+        }
+        if (r != (ssize_t)NOTICE_HDR_LEN || d[1] != WIRE_VERSION ||
+            tern__get_le32(d + 8) != ep->conn)
+            continue;
+        if (d[0] == NOTICE_ACK && ep->ack_wait) {
+            ep->ack_wait = false;
+            ep->acked = true;
+            ep->ack_seq = tern__get_le32(d + 12);
+        } else if (d[0] == NOTICE_GONE && tern__get_le32(d + 4) == ep->base.peer) {
+            ep->peer_closed = true;
+        }
     }
 }
 
@@ -1981,6 +1968,14 @@ static ucx_stream_t *notice_bye(ucx_tp_t *tp, bool bye, uint32_t src, uint32_t c
     return s;
 }
 
+/* A channel's HELLO (d, a checked notice) names the peer endpoint it is from. */
+static void notice_take_hello(notice_conn_t *c, const uint8_t *d)
+{
+    c->hello = true;
+    c->src = tern__get_le32(d + 4);
+    c->conn = tern__get_le32(d + 8);
+}
+
 /* Read what a peer endpoint's channel carries; on hang-up close it, and if
  * no BYE came, the peer died: its stream is dead. Returns what it handled. */
 static int notice_conn_read(ucx_tp_t *tp, notice_conn_t *c)
@@ -2004,9 +1999,7 @@ static int notice_conn_read(ucx_tp_t *tp, notice_conn_t *c)
             continue;
         }
         if (d[0] == NOTICE_HELLO && !c->hello) {
-            c->hello = true;
-            c->src = tern__get_le32(d + 4);
-            c->conn = tern__get_le32(d + 8);
+            notice_take_hello(c, d);
         } else if ((d[0] == NOTICE_BYE || d[0] == NOTICE_CANCEL) && c->hello && !c->bye &&
                    tern__get_le32(d + 4) == c->src && tern__get_le32(d + 8) == c->conn) {
             const bool bye = d[0] == NOTICE_BYE;
@@ -2126,8 +2119,7 @@ static int notice_poll(ucx_tp_t *tp)
         ucx_ep_t *ep = w != NULL ? link_entry(w, ucx_ep_t, nwatch) : NULL;
         if (ep == NULL || ep->destroying)
             continue;
-        if (ep_notice_gone(ep))
-            ep->peer_closed = true;
+        ep_notice_read(ep); /* a NOTICE_GONE says it was on purpose */
         tern_debug("ucx: the notice channel to peer %u %s", ep->base.peer,
                    ep->peer_closed ? "says it closes" : "hung up");
         ep_notice_close(ep);
@@ -2373,7 +2365,8 @@ static bool ep_ops_settled(const ucx_ep_t *ep)
  * cannot. */
 static bool ep_quiet(ucx_ep_t *ep)
 {
-    ep_notice_ack(ep);
+    if (ep->ack_wait)
+        ep_notice_read(ep);
     return ep_ops_settled(ep) && (!ep->peer_mode || ep_closed(ep)) && !ep->ack_wait;
 }
 
@@ -3247,11 +3240,8 @@ static void tp_fini(ucx_tp_t *tp, bool keep_worker)
                 continue;
             if (r <= 0)
                 break;
-            if (r == (ssize_t)NOTICE_HDR_LEN && gone[0] == NOTICE_HELLO && gone[1] == WIRE_VERSION) {
-                c->hello = true;
-                c->src = tern__get_le32(gone + 4);
-                c->conn = tern__get_le32(gone + 8);
-            }
+            if (r == (ssize_t)NOTICE_HDR_LEN && gone[0] == NOTICE_HELLO && gone[1] == WIRE_VERSION)
+                notice_take_hello(c, gone);
         }
         notice_fill(gone, NOTICE_GONE, tp->base.self_id, c->conn, 0, 0);
         if (c->hello && send(c->fd, gone, sizeof(gone), MSG_NOSIGNAL | MSG_DONTWAIT) < 0)
