@@ -171,10 +171,15 @@ enum notice_type {
     NOTICE_HELLO = 1,  /* first on a channel: which peer endpoint it belongs to */
     NOTICE_BYE = 2,    /* the endpoint is destroyed; its next seq and canceled ranges */
     NOTICE_CANCEL = 3, /* more canceled ranges, ahead of the BYE */
-    NOTICE_GONE = 5,   /* the other way, as the listener's transport closes on purpose */
+    NOTICE_GONE = 5,   /* the other way, as the listener's transport closes on purpose;
+                          seq = GONE_PARKED when its UCX worker is left in place */
     NOTICE_ACK = 4,    /* the other way, answering a BYE: seq = the first seq not
                           delivered when its cancels took effect */
 };
+
+/* A NOTICE_GONE's seq: the closing transport parked its UCX worker (ucx_close),
+ * so nothing queued for it will ever be read. */
+#define GONE_PARKED 1u
 
 enum msg_flag {
     MSGF_IMM = 1u << 0, /* MSG_ACCESS: the refused put carried an immediate */
@@ -409,6 +414,7 @@ struct ucx_tp {
     bool closing;     /* ucx_close has freed the streams: arrivals are dropped */
     bool peer_mode;   /* try UCP_ERR_HANDLING_MODE_PEER (cleared once it fails) */
     bool in_progress; /* ucx_progress is running (a callback must not re-enter it) */
+    bool peer_parked; /* a peer closed leaving its UCX worker in place (NOTICE_GONE) */
     size_t cma_min;   /* TERN_UCX_CMA: puts and gets this large to same-host peers by cma_copy */
     uint8_t *addr;
     size_t addr_len;
@@ -1903,8 +1909,9 @@ static bool ep_notice_bye(ucx_ep_t *ep, const uint8_t *ranges, size_t n, uint64_
 /* Read what the peer's listener end says on ep's notice channel: the answer
  * to our BYE (NOTICE_ACK: sets ep->ack_seq, clears ep->ack_wait) and
  * NOTICE_GONE as its transport closes on purpose (sets ep->peer_closed: it
- * may never have had an endpoint to us to say BYE on). Returns false once
- * the channel has hung up or broken, which ends an ACK wait too. */
+ * may never have had an endpoint to us to say BYE on; and tp->peer_parked
+ * if it left its worker in place). Returns false once the channel has hung
+ * up or broken, which ends an ACK wait too. */
 static bool ep_notice_read(ucx_ep_t *ep)
 {
     uint8_t d[NOTICE_HDR_LEN];
@@ -1928,14 +1935,20 @@ static bool ep_notice_read(ucx_ep_t *ep)
             ep->ack_seq = tern__get_le32(d + 12);
         } else if (d[0] == NOTICE_GONE && tern__get_le32(d + 4) == ep->base.peer) {
             ep->peer_closed = true;
+            if (tern__get_le32(d + 12) == GONE_PARKED && !ep->tp->peer_parked) {
+                tern_debug("ucx: peer %u closed leaving its UCX worker in place", ep->base.peer);
+                ep->tp->peer_parked = true;
+            }
         }
     }
 }
 
 static void ep_notice_close(ucx_ep_t *ep)
 {
-    if (ep->nfd >= 0)
+    if (ep->nfd >= 0) {
+        ep_notice_read(ep); /* a GONE there still counts (tp->peer_parked) */
         watch_close(ep->tp, ep->nfd);
+    }
     ep->nfd = -1;
 }
 
@@ -3243,7 +3256,8 @@ static void tp_fini(ucx_tp_t *tp, bool keep_worker)
             if (r == (ssize_t)NOTICE_HDR_LEN && gone[0] == NOTICE_HELLO && gone[1] == WIRE_VERSION)
                 notice_take_hello(c, gone);
         }
-        notice_fill(gone, NOTICE_GONE, tp->base.self_id, c->conn, 0, 0);
+        notice_fill(gone, NOTICE_GONE, tp->base.self_id, c->conn, keep_worker ? GONE_PARKED : 0,
+                    0);
         if (c->hello && send(c->fd, gone, sizeof(gone), MSG_NOSIGNAL | MSG_DONTWAIT) < 0)
             tern_debug("ucx: goodbye to peer %u's endpoint not sent: %s", c->src, strerror(errno));
         link_del(&c->link);
@@ -3486,16 +3500,24 @@ static void ucx_close(tern_transport_t *btp)
      * and UCX 1.13's purge crashes on some of them (ucp_request_memory_dereg
      * -> ucp_mem_rereg_mds: 4 of 30 runs of the sm peer-close conformance
      * case). */
-    const bool keep_worker = !link_empty(&tp->zombie_eps);
+    /* A peer that parked its worker never reads its FIFO again. What UCX
+     * itself queued for it, out of tern's sight (replies to the peer's
+     * emulated gets), would be purged by our destroy: the purge that crashes
+     * (docs/transport-ucx.md, "Known UCX 1.13 faults"). */
+    const bool keep_worker = !link_empty(&tp->zombie_eps) || tp->peer_parked;
     if (busy)
         tern_warn("ucx: UCX was still busy closing this transport's endpoints after %llu ms: "
                   "its UCX worker is left in place, not destroyed, since destroying it "
                   "now would abort inside UCX",
                   (unsigned long long)(CLOSE_WAIT_NS / 1000000));
-    else if (keep_worker)
+    else if (!link_empty(&tp->zombie_eps))
         tern_info("ucx: closing with endpoint closes that wait on a peer that is not "
                   "progressing: the UCX worker is left in place, not destroyed, since "
                   "UCX may crash purging what it queued for that peer");
+    else if (keep_worker)
+        tern_info("ucx: a peer closed leaving its UCX worker in place: this one is left in "
+                  "place too, not destroyed, since UCX may crash purging what it queued for "
+                  "that peer");
     tp_fini(tp, keep_worker);
 }
 
