@@ -8,7 +8,9 @@
  *
  * --check: rank r's input element i holds a small integer pval(r, i), chosen
  * per dtype and op so that every partial result is exact in the dtype (sums
- * stay within 256, bf16's last exact integer; products are powers of two). Any
+ * stay within 256, bf16's last exact integer: beyond 256 ranks only some
+ * ranks put a 1 into each element, f16 likewise beyond 2048; products are
+ * powers of two). Any
  * reduction order then gives the same bits, so a reference computed here in
  * plain C must match the collective's output bit for bit. The values come
  * from a hash of (rank, index), not a short period, so a block delivered to
@@ -93,6 +95,7 @@ typedef struct pattern {
     int prod;     /* the inputs of a product: 1 and 2 */
     int64_t vmax; /* otherwise 0..vmax, shifted to be centred on 0 where signed */
     int64_t shift;
+    unsigned stride; /* a sum's element i takes values from ranks r = -i mod stride only */
 } pattern_t;
 
 static void pattern_init(pattern_t *p, tern_dtype_t dtype, tern_reduce_op_t op, int reduction,
@@ -116,6 +119,14 @@ static void pattern_init(pattern_t *p, tern_dtype_t dtype, tern_reduce_op_t op, 
     if (p->vmax < 1)
         p->vmax = 1;
     p->shift = p->is_signed ? p->vmax / 2 : 0;
+    /* More ranks than the dtype has exact integers: n terms of 0 or 1 could
+     * sum past them, and a sum rounded on the way would depend on the order.
+     * Each element then takes nonzero values from at most exact ranks, a
+     * different set for each element (so every rank's input still counts). */
+    p->stride = 1;
+    const unsigned exact = dtype == TERN_DTYPE_BF16 ? 256 : dtype == TERN_DTYPE_F16 ? 2048 : 0;
+    if (reduction && (op == TERN_SUM || op == TERN_AVG) && exact > 0 && n > exact)
+        p->stride = (n + exact - 1) / exact;
 }
 
 /* splitmix64's finalizer: every bit of (rank, index) reaches every bit out. */
@@ -135,6 +146,8 @@ static int64_t pval(const pattern_t *p, unsigned r, size_t i)
         return h % 5 != 0;
     if (p->prod) /* powers of two: exact products in every float type */
         return h % 5 == 0 ? 2 : 1;
+    if (p->stride > 1 && (r + i) % p->stride != 0)
+        return 0;
     return (int64_t)(h % (uint64_t)(p->vmax + 1)) - p->shift;
 }
 

@@ -120,9 +120,89 @@ static void test_right_output_passes(void **state)
     }
 }
 
+/* Element j of the sum over ranks [lo, hi) of the inputs, reduced by the
+ * kernels as a collective would: a left fold, or (tree) halves summed apart
+ * and then together. */
+static void sum_ranks(const pattern_t *p, uint8_t *const *in, unsigned lo, unsigned hi, size_t c,
+                      int tree, uint8_t *out)
+{
+    if (tree && hi - lo > 1) {
+        const unsigned mid = lo + (hi - lo) / 2;
+        uint8_t *right = malloc(c * p->es);
+        assert_non_null(right);
+        sum_ranks(p, in, lo, mid, c, 1, out);
+        sum_ranks(p, in, mid, hi, c, 1, right);
+        assert_int_equal(tern__reduce(TERN_SUM, p->dtype, out, out, right, c), TERN_OK);
+        free(right);
+        return;
+    }
+    memcpy(out, in[lo], c * p->es);
+    for (unsigned r = lo + 1; r < hi; r++)
+        assert_int_equal(tern__reduce(TERN_SUM, p->dtype, out, out, in[r], c), TERN_OK);
+}
+
+/* An all_reduce SUM of f16 or bf16 over more ranks than the dtype has exact
+ * integers (256 for bf16, 2048 for f16) still gives the reference's bits in
+ * any order of summation. Before the inputs kept every sum within those,
+ * --check failed bf16 from 257 ranks on (the sums of ones rounded as they
+ * went, differently in each order). */
+static void test_large_world_sums_exact(void **state)
+{
+    static const struct {
+        tern_dtype_t dtype;
+        unsigned n;
+    } cases[] = {{TERN_DTYPE_BF16, 256},  {TERN_DTYPE_BF16, 300}, {TERN_DTYPE_BF16, 513},
+                 {TERN_DTYPE_BF16, 1000}, {TERN_DTYPE_F16, 2100}, {TERN_DTYPE_F16, 4500}};
+    const size_t c = 64;
+    (void)state;
+    for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
+        pattern_t p;
+        const unsigned n = cases[k].n;
+        pattern_init(&p, cases[k].dtype, TERN_SUM, 1, n);
+        uint8_t **in = calloc(n, sizeof(*in));
+        uint8_t *want = malloc(c * p.es), *got = malloc(c * p.es);
+        assert_true(in != NULL && want != NULL && got != NULL);
+        unsigned nonzero = 0;
+        for (unsigned r = 0; r < n; r++) {
+            in[r] = malloc(c * p.es);
+            assert_non_null(in[r]);
+            for (size_t j = 0; j < c; j++) {
+                put_val(&p, in[r] + j * p.es, r, j);
+                nonzero += pval(&p, r, j) != 0;
+            }
+        }
+        /* Every rank still puts something in: a sum is not all zeros. */
+        assert_true(nonzero > c);
+        for (size_t j = 0; j < c; j++)
+            put_reduced(&p, want + j * p.es, j);
+        for (int order = 0; order < 3; order++) {
+            if (order == 2) { /* the ranks the other way round */
+                for (unsigned r = 0; r < n / 2; r++) {
+                    uint8_t *t = in[r];
+                    in[r] = in[n - 1 - r];
+                    in[n - 1 - r] = t;
+                }
+            }
+            sum_ranks(&p, in, 0, n, c, order == 1, got);
+            if (memcmp(got, want, c * p.es) != 0)
+                fail_msg("%s sum over %u ranks, %s: not the reference's bits",
+                         tern_dtype_name(p.dtype), n,
+                         order == 0   ? "left fold"
+                         : order == 1 ? "tree"
+                                      : "reversed left fold");
+        }
+        for (unsigned r = 0; r < n; r++)
+            free(in[r]);
+        free(in);
+        free(want);
+        free(got);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_large_world_sums_exact),
         cmocka_unit_test(test_wrong_rank_block),
         cmocka_unit_test(test_swapped_blocks),
         cmocka_unit_test(test_right_output_passes),
