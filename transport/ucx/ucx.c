@@ -90,6 +90,7 @@
 #include "core/bytes.h"
 #include "core/clock.h"
 #include "core/error.h"
+#include "core/hash.h"
 #include "core/log.h"
 #include "transport/provider.h"
 #include "transport/ucx/seq.h"
@@ -106,7 +107,7 @@
  * from overflow. */
 #define MAX_PUT ((size_t)1 << 40)
 
-#define WIRE_VERSION 3 /* 3: BYE and notice datagrams list canceled seqs as ranges */
+#define WIRE_VERSION 4 /* 3: BYE and notice datagrams list canceled seqs as ranges; 4: served gets */
 #define ADDR_MAGIC 0x58435554u /* "TUCX" little-endian */
 #define RKEY_MAGIC 0x4b435554u /* "TUCK" */
 #define ADDR_HDR_LEN 40u
@@ -114,6 +115,8 @@
 #define RKEY_HDR_LEN 40u
 #define RKEY_F_HOST (1u << 16) /* in the key's access word: the region is host memory */
 #define MSG_HDR_LEN 32u
+/* A MSG_GET's header: the message header, then u64 raddr, u32 registration id, u32 0. */
+#define GET_HDR_LEN 48u
 /* The short header of a tern_ep_send_inline (ucx_send_inline): a send with
  * no flags, its seq cut to 24 bits and no len (the AM's length gives it).
  * UCX's shared-memory FIFO element holds 28 bytes of its own and UCP's AM 8
@@ -163,6 +166,9 @@ enum msg_type {
     MSG_PUT_IMM = 2, /* a put with immediate landed: len = its bytes */
     MSG_ACCESS = 3,  /* the sender refused a put/get on our region: imm, len */
     MSG_BYE = 4,     /* the sender destroyed its endpoint: payload = canceled seq ranges */
+    /* Served gets (see serve_get), outside the streams (no seq): */
+    MSG_GET = 5,       /* read len bytes at raddr of registration reg_id; imm = token */
+    MSG_GET_REPLY = 6, /* imm = the get's token, u32 at 20 = tern status, payload = the bytes */
 };
 
 /* Datagrams on a notice channel: u8 type, u8 version, u16 0, u32 src, u32 conn,
@@ -293,6 +299,14 @@ typedef struct ucx_op {
     uint32_t seq; /* the AM's sequence number when has_seq */
     uint32_t imm;
     uint64_t len;
+    /* A served get (OP_GET on an endpoint with served_get): */
+    bool served;
+    bool token_listed;   /* in tp->gets, its reply still awaited */
+    bool recv_cb_ran;    /* the reply's rendezvous receive called back */
+    unsigned awaiting;   /* 1 while the reply has not arrived (not a UCX request) */
+    uint32_t token;      /* names it in the reply */
+    void *lbuf;          /* where the reply goes */
+    UT_hash_handle hh;   /* tp->gets, by token */
     void *payload; /* owned AM payload (BYE) */
     struct ucx_op *cache_next;
     /* The AM header, and after it a small payload's copy: both must outlive
@@ -324,6 +338,7 @@ struct ucx_ep {
     size_t nzukeys;
     watch_t nwatch;
     pid_t cma_pid; /* the peer process, for puts and gets by cma_copy; 0: through UCX */
+    bool served_get; /* gets as tern AMs the target answers (serve_get), not ucp_get_nbx */
     ucs_status_t lost_status;
     bool peer_closed; /* lost because the peer closed on purpose (its BYE): TERN_ERR_CLOSED */
 };
@@ -335,6 +350,7 @@ typedef struct ucx_mr {
     size_t rkey_len;
     uint32_t id;
     ucx_tp_t *tp;
+    UT_hash_handle hh; /* tp->mr_by_id */
 } ucx_mr_t;
 
 typedef struct ucx_rkey {
@@ -428,6 +444,11 @@ struct ucx_tp {
     struct ucx_entry *entry_cache;
     unsigned nentry_cache;
     uint32_t conn_nonce, next_conn, next_reg_id;
+    bool served_gets; /* UCX would emulate gets here: tern serves them (ep->served_get) */
+    uint32_t next_token;
+    struct ucx_op *gets;     /* served gets awaiting their reply, by token */
+    struct ucx_mr *mr_by_id; /* our registrations, for the gets we serve */
+    link_t refusals;         /* gets we refused, raised as events by drain */
     uint64_t rndv_recvs;
     unsigned fast_head, nfast;
     fast_msg_t fast[FAST_SLOTS];
@@ -459,6 +480,14 @@ uint64_t tern__ucx_rndv_count(const tern_transport_t *tp);
 uint64_t tern__ucx_rndv_count(const tern_transport_t *tp)
 {
     return to_ucx_tp(tp)->rndv_recvs;
+}
+
+/* Tests only: whether gets on this endpoint are served by the target's tern (serve_get). */
+int tern__ucx_serves_gets(tern_ep_t *ep);
+
+int tern__ucx_serves_gets(tern_ep_t *ep)
+{
+    return to_ucx_ep(ep)->served_get;
 }
 
 /* ---- status ---- */
@@ -569,11 +598,21 @@ static ucx_op_t *op_new(ucx_tp_t *tp, ucx_ep_t *ep, enum op_kind kind,
     return op;
 }
 
+/* A served get no longer awaits its reply: one that comes is dropped. */
+static void get_unlist(ucx_op_t *op)
+{
+    if (op->token_listed)
+        HASH_DEL(op->tp->gets, op);
+    op->token_listed = false;
+    op->awaiting = 0;
+}
+
 /* Unlink op from every list and recycle it. */
 static void op_free(ucx_op_t *op)
 {
     ucx_tp_t *tp = op->tp;
 
+    get_unlist(op);
     link_del(&op->link);
     link_del(&op->dlink);
     free(op->payload);
@@ -588,24 +627,38 @@ static void op_settle(ucx_op_t *op)
     link_add_tail(&op->tp->done, &op->dlink);
 }
 
-/* UCX's callback for every request an op posts (send, put, get, flush). Runs
- * inside ucp_worker_progress (or a close): records only. */
-static void op_request_cb(void *request, ucs_status_t status, void *arg)
+/* op's last UCX request has finished and no reply is awaited: queue it for
+ * progress (once), or free it if its completion ran already. */
+static void op_maybe_settle(ucx_op_t *op)
 {
-    ucx_op_t *op = arg;
+    if (op->pending > 0 || op->awaiting > 0 || op->in_done)
+        return;
+    if (op->detached)
+        op_free(op); /* its completion ran already: UCX was the last to hold it */
+    else
+        op_settle(op);
+}
 
+/* One of op's UCX requests finished. */
+static void op_request_done(ucx_op_t *op, void *request, ucs_status_t status)
+{
     ucp_request_free(request);
     for (int i = 0; i < 2; i++)
         if (op->reqs[i] == request)
             op->reqs[i] = NULL;
     if (status != UCS_OK && op->ustatus == UCS_OK)
         op->ustatus = status;
-    if (--op->pending > 0)
-        return;
-    if (op->detached)
-        op_free(op); /* its completion ran already: UCX was the last to hold it */
-    else
-        op_settle(op);
+    if (status != UCS_OK)
+        get_unlist(op); /* a get request that failed: no reply will come */
+    op->pending--;
+    op_maybe_settle(op);
+}
+
+/* UCX's callback for every request an op posts (send, put, get, flush). Runs
+ * inside ucp_worker_progress (or a close): records only. */
+static void op_request_cb(void *request, ucs_status_t status, void *arg)
+{
+    op_request_done(arg, request, status);
 }
 
 static ucp_request_param_t op_param(ucx_op_t *op)
@@ -648,6 +701,7 @@ static void op_track(ucx_op_t *op, ucs_status_ptr_t sp)
  * worker can no longer touch it. */
 static void op_detach(ucx_op_t *op)
 {
+    get_unlist(op);
     link_del(&op->link);
     link_del(&op->dlink);
     op->in_done = false;
@@ -870,7 +924,7 @@ static bool op_advance(ucx_op_t *op)
 static tern_status_t op_launched(ucx_op_t *op)
 {
     link_add_tail(&op->ep->ops, &op->link);
-    if (--op->pending > 0)
+    if (--op->pending > 0 || op->awaiting > 0)
         return TERN_INPROGRESS;
     if (!op_advance(op))
         return TERN_INPROGRESS;
@@ -1262,6 +1316,180 @@ static void bye_apply(ucx_stream_t *s, const uint8_t *list, size_t n, bool keep_
     }
 }
 
+/* ---- served gets ----
+ *
+ * Where UCX has no RMA transport of its own for a peer (tcp, shared memory),
+ * ucp_get_nbx is emulated with AMs that the target's UCX answers, out of
+ * tern's sight: it reads the raw address, whatever the key's region has
+ * become, and the reply requests it queues are ones UCX 1.13 cannot purge
+ * without crashing (docs/transport-ucx.md, "Known UCX 1.13 faults"). There
+ * tern serves gets itself, with the same two messages: MSG_GET names the
+ * registration by id, and the target checks it (live, in bounds, readable)
+ * before it answers with MSG_GET_REPLY, an ordinary AM whose payload is the
+ * region's bytes (UCX sends a large one by rendezvous, which on shared
+ * memory is a single cma copy). A refusal fails the get with
+ * TERN_ERR_ACCESS and raises TERN_EVENT_ERROR at the target. The reply goes
+ * back on the UCP endpoint the request came on (UCP_AM_SEND_FLAG_REPLY), from
+ * inside the AM callback, the only place UCX promises that endpoint. */
+
+/* Replies up to this size go eagerly: UCX's rendezvous (RTS, the getter's
+ * fetch, ATS) took a 64 KiB get on shared memory from about 10 GB/s to 5.
+ * Larger ones are left to UCX, so that the getter's UCX does not assemble a
+ * whole copy of a large reply before tern copies it into place. */
+#define REPLY_EAGER_MAX ((size_t)1 << 20)
+
+/* A get we refused, raised by drain as TERN_EVENT_ERROR. */
+typedef struct refusal {
+    link_t link; /* tp->refusals */
+    uint32_t src;
+    uint64_t len;
+} refusal_t;
+
+/* A reply on its way: its header must outlive the send. */
+typedef struct get_reply {
+    uint8_t hdr[MSG_HDR_LEN];
+} get_reply_t;
+
+/* The reply's send finished (or the worker's destroy purged it): free its
+ * header only, since this may run inside ucp_worker_destroy. */
+static void reply_sent_cb(void *request, ucs_status_t status, void *arg)
+{
+    (void)status;
+    ucp_request_free(request);
+    free(arg);
+}
+
+/* Answer a peer's MSG_GET (from am_cb). */
+static void serve_get(ucx_tp_t *tp, const uint8_t *h, const ucp_am_recv_param_t *param)
+{
+    const uint32_t src = tern__get_le32(h + 4), token = tern__get_le32(h + 16);
+    const uint32_t reg = tern__get_le32(h + 40);
+    const uint64_t len = tern__get_le64(h + 24), raddr = tern__get_le64(h + 32);
+    const char *why = NULL;
+    ucx_mr_t *mr = NULL;
+    uint64_t base = 0, rlen = 0;
+
+    HASH_FIND(hh, tp->mr_by_id, &reg, sizeof(reg), mr);
+    if (mr != NULL) {
+        base = (uintptr_t)mr->base.addr;
+        rlen = mr->base.len;
+    }
+    if (mr == NULL)
+        why = "no such registration here (unregistered?)";
+    else if (!(mr->base.access & TERN_ACCESS_REMOTE_READ))
+        why = "the region does not allow remote read";
+    else if (mr->base.mem_type != TERN_MEM_HOST)
+        why = "the region is not host memory";
+    else if (raddr < base || raddr - base > rlen || len > rlen - (raddr - base))
+        why = "out of the region's bounds";
+    if (!(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) || param->reply_ep == NULL) {
+        tern_warn("ucx: a get from peer %u came without a reply endpoint: dropped", src);
+        return;
+    }
+    get_reply_t *r = malloc(sizeof(*r));
+    if (r == NULL) {
+        /* The getter waits until its endpoint goes: as if the reply were lost. */
+        tern_warn("ucx: no memory to answer peer %u's get of %llu bytes", src,
+                  (unsigned long long)len);
+        return;
+    }
+    const tern_status_t st = why == NULL ? TERN_OK : TERN_ERR_ACCESS;
+    r->hdr[0] = WIRE_VERSION;
+    r->hdr[1] = MSG_GET_REPLY;
+    tern__put_le16(r->hdr + 2, 0);
+    tern__put_le32(r->hdr + 4, tp->base.self_id);
+    tern__put_le32(r->hdr + 8, 0);
+    tern__put_le32(r->hdr + 12, 0);
+    tern__put_le32(r->hdr + 16, token);
+    tern__put_le32(r->hdr + 20, (uint32_t)(int32_t)st);
+    tern__put_le64(r->hdr + 24, why == NULL ? len : 0);
+    ucp_request_param_t p = {
+        .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                        UCP_OP_ATTR_FIELD_MEMORY_TYPE | UCP_OP_ATTR_FIELD_FLAGS,
+        .cb.send = reply_sent_cb,
+        .user_data = r,
+        .memory_type = UCS_MEMORY_TYPE_HOST,
+        .flags = len <= REPLY_EAGER_MAX ? UCP_AM_SEND_FLAG_EAGER : 0,
+    };
+    ucs_status_ptr_t sp =
+        ucp_am_send_nbx(param->reply_ep, AM_ID, r->hdr, MSG_HDR_LEN,
+                        why == NULL ? (void *)(uintptr_t)raddr : NULL, why == NULL ? len : 0, &p);
+    if (!UCS_PTR_IS_PTR(sp)) {
+        if (UCS_PTR_IS_ERR(sp))
+            tern_debug("ucx: reply to peer %u's get not sent: %s", src,
+                       ucs_status_string(UCS_PTR_STATUS(sp)));
+        free(r);
+    }
+    if (why != NULL) {
+        tern_debug("ucx: refused peer %u's get of %llu bytes at %#llx (registration %u): %s", src,
+                   (unsigned long long)len, (unsigned long long)raddr, reg, why);
+        refusal_t *f = malloc(sizeof(*f));
+        if (f == NULL)
+            return; /* the getter hears it all the same */
+        f->src = src;
+        f->len = len;
+        link_add_tail(&tp->refusals, &f->link);
+    }
+}
+
+/* The rendezvous receive of a reply finished. */
+static void get_recv_cb(void *request, ucs_status_t status, size_t length, void *arg)
+{
+    ucx_op_t *op = arg;
+
+    op->recv_cb_ran = true;
+    if (status == UCS_OK && length != op->len)
+        status = UCS_ERR_MESSAGE_TRUNCATED;
+    op_request_done(op, request, status);
+}
+
+/* A MSG_GET_REPLY (from am_cb): the bytes go into the get's buffer. */
+static void get_reply(ucx_tp_t *tp, const uint8_t *h, void *data, size_t length, bool rndv)
+{
+    const uint32_t src = tern__get_le32(h + 4), token = tern__get_le32(h + 16);
+    const tern_status_t st = (tern_status_t)(int32_t)tern__get_le32(h + 20);
+    ucx_op_t *op = NULL;
+
+    HASH_FIND(hh, tp->gets, &token, sizeof(token), op);
+    if (op == NULL || op->ep == NULL || op->ep->base.peer != src) {
+        /* Its get was given up on (canceled, failed): a rendezvous
+         * descriptor not taken is dropped by UCX. */
+        tern_debug("ucx: a reply from peer %u to a get no longer awaited: dropped", src);
+        return;
+    }
+    get_unlist(op);
+    if (st != TERN_OK) {
+        op->fail = st == TERN_ERR_ACCESS ? TERN_ERR_ACCESS : TERN_ERR_PROTOCOL;
+    } else if (length != op->len) {
+        tern_warn("ucx: peer %u answered a get of %llu bytes with %zu: failed", src,
+                  (unsigned long long)op->len, length);
+        op->fail = TERN_ERR_PROTOCOL;
+    } else if (rndv) {
+        ucp_request_param_t p = {
+            .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
+            .cb.recv_am = get_recv_cb,
+            .user_data = op,
+        };
+        op->pending++;
+        op->recv_cb_ran = false;
+        ucs_status_ptr_t sp = ucp_am_recv_data_nbx(tp->worker, data, op->lbuf, length, &p);
+        if (sp == NULL) {
+            op->pending--;
+        } else if (UCS_PTR_IS_ERR(sp)) {
+            op->pending--;
+            if (op->ustatus == UCS_OK)
+                op->ustatus = UCS_PTR_STATUS(sp);
+        } else if (!op->recv_cb_ran) {
+            /* (UCX 1.13 may finish it inside the call and return it all
+             * the same: see rndv_start.) */
+            op->reqs[op->reqs[0] == NULL ? 0 : 1] = sp;
+        }
+    } else if (length > 0) {
+        memcpy(op->lbuf, data, length);
+    }
+    op_maybe_settle(op);
+}
+
 /* UCX's AM callback: every tern message arrives here, inside
  * ucp_worker_progress. It files the message into its stream; ucx_progress
  * delivers it.
@@ -1294,6 +1522,15 @@ static ucs_status_t am_cb(void *arg, const void *header, size_t header_length, v
                           length - SHORT_HDR_LEN <= MSG_INLINE;
     if (tp->closing)
         return UCS_OK; /* its streams are freed: a stream made now would be lost */
+    if (header_length == GET_HDR_LEN && h[0] == WIRE_VERSION && h[1] == MSG_GET) {
+        if (!rndv && length == 0)
+            serve_get(tp, h, param);
+        return UCS_OK;
+    }
+    if (header_length == MSG_HDR_LEN && h[0] == WIRE_VERSION && h[1] == MSG_GET_REPLY) {
+        get_reply(tp, h, data, length, rndv);
+        return UCS_OK;
+    }
     if (is_short) {
         /* The short header (ucx_send_inline). */
         h = data;
@@ -2190,6 +2427,17 @@ static int drain(ucx_tp_t *tp)
             }
         }
     }
+    while (!link_empty(&tp->refusals)) {
+        refusal_t *f = link_entry(tp->refusals.next, refusal_t, link);
+        tern_event_t ev = {.type = TERN_EVENT_ERROR,
+                           .src = f->src,
+                           .status = TERN_ERR_ACCESS,
+                           .len = (size_t)f->len};
+        link_del(&f->link);
+        free(f);
+        n++;
+        tern__tp_event(&tp->base, &ev);
+    }
     while (!link_empty(&tp->done)) {
         ucx_op_t *op = link_entry(tp->done.next, ucx_op_t, dlink);
         tern__comp_t comp;
@@ -2367,9 +2615,11 @@ static void rkeys_detach(ucx_ep_t *ep)
 
 static bool ep_ops_settled(const ucx_ep_t *ep)
 {
-    for (const link_t *l = ep->ops.next; l != &ep->ops; l = l->next)
-        if (link_entry(l, const ucx_op_t, link)->pending > 0)
+    for (const link_t *l = ep->ops.next; l != &ep->ops; l = l->next) {
+        const ucx_op_t *op = link_entry(l, const ucx_op_t, link);
+        if (op->pending > 0 || op->awaiting > 0)
             return false;
+    }
     return true;
 }
 
@@ -2625,6 +2875,10 @@ static tern_status_t ucx_ep_create(tern_transport_t *btp, uint32_t peer, const v
                           "ucx: ucp_ep_create to peer %u: %s", peer, ucs_status_string(st));
         goto out;
     }
+    /* Over shared memory (no peer error handling) UCX's gets are its own
+     * copies, pipelined through the FIFO, or tern's cma_copy: faster there
+     * than serving them (docs/transport-ucx.md). */
+    ep->served_get = tp->served_gets && ep->peer_mode;
     if (!ep->peer_mode && (tern__get_le32(a + 20) & ADDR_F_NOTICE))
         ep_notice_connect(ep, tern__get_le32(a + 24), tern__get_le64(a + 32));
     link_add_tail(&tp->eps, &ep->link);
@@ -2846,6 +3100,49 @@ static tern_status_t ucx_put(tern_ep_t *bep, const void *buf, size_t len, uint64
     return op_launched(op);
 }
 
+/* Ask the target to serve a get (serve_get); it completes on the reply. */
+static tern_status_t get_request(ucx_ep_t *ep, const ucx_rkey_t *rk, void *buf, size_t len,
+                                 uint64_t raddr, const tern_op_params_t *params)
+{
+    ucx_tp_t *tp = ep->tp;
+    ucx_op_t *op = op_new(tp, ep, OP_GET, params), *other;
+
+    if (op == NULL)
+        return tern__error(TERN_ERR_NO_MEMORY, "tern_ep_get: no memory for the operation");
+    do { /* a token not in use: a get may wait long on a peer that does not progress */
+        op->token = ++tp->next_token;
+        HASH_FIND(hh, tp->gets, &op->token, sizeof(op->token), other);
+    } while (other != NULL);
+    tern__hash_oom = false;
+    HASH_ADD(hh, tp->gets, token, sizeof(op->token), op);
+    if (tern__hash_oom) {
+        op_free(op);
+        return tern__error(TERN_ERR_NO_MEMORY, "tern_ep_get: no memory for the operation");
+    }
+    op->token_listed = true;
+    op->served = true;
+    op->awaiting = 1;
+    op->len = len;
+    op->lbuf = buf;
+    op->pending = 1;
+    hdr_write(op->hdr, ep, MSG_GET, 0, op->token, len);
+    tern__put_le32(op->hdr + 12, 0); /* no seq: outside the streams */
+    tern__put_le64(op->hdr + 32, raddr);
+    tern__put_le32(op->hdr + 40, rk->reg_id);
+    tern__put_le32(op->hdr + 44, 0);
+    ucp_request_param_t p = op_param(op);
+    p.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
+    p.flags = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_EAGER;
+    ucs_status_ptr_t sp = ucp_am_send_nbx(ep->uep, AM_ID, op->hdr, GET_HDR_LEN, NULL, 0, &p);
+    if (UCS_PTR_IS_ERR(sp)) {
+        op_free(op);
+        return tern__error(status_of(UCS_PTR_STATUS(sp)), "tern_ep_get: ucp_am_send_nbx: %s",
+                           ucs_status_string(UCS_PTR_STATUS(sp)));
+    }
+    op_track(op, sp);
+    return op_launched(op);
+}
+
 static tern_status_t ucx_get(tern_ep_t *bep, void *buf, size_t len, uint64_t raddr,
                              tern_rkey_t *brk, const tern_op_params_t *params)
 {
@@ -2865,6 +3162,8 @@ static tern_status_t ucx_get(tern_ep_t *bep, void *buf, size_t len, uint64_t rad
     if (cma_usable(ep, rk, len, params) &&
         (st = cma_copy(ep, buf, len, raddr, false)) != TERN_ERR_UNSUPPORTED)
         return st;
+    if (ep->served_get && rk->host && mem_type_of(params) == UCS_MEMORY_TYPE_HOST)
+        return get_request(ep, rk, buf, len, raddr, params);
     if ((op = op_new(ep->tp, ep, OP_GET, params)) == NULL)
         return tern__error(TERN_ERR_NO_MEMORY, "tern_ep_get: no memory for the operation");
     op->len = len;
@@ -2935,6 +3234,12 @@ static tern_status_t ucx_mr_reg(tern_transport_t *btp, void *addr, size_t len,
         goto out;
     }
 done:
+    tern__hash_oom = false;
+    HASH_ADD(hh, tp->mr_by_id, id, sizeof(mr->id), mr);
+    if (tern__hash_oom) {
+        ret = tern__error(TERN_ERR_NO_MEMORY, "ucx: no memory for a registration");
+        goto out;
+    }
     *mr_out = &mr->base;
     return TERN_OK;
 out:
@@ -2950,6 +3255,7 @@ static void ucx_mr_dereg(tern_mr_t *bmr)
 {
     ucx_mr_t *mr = to_ucx_mr(bmr);
 
+    HASH_DEL(mr->tp->mr_by_id, mr); /* gets that name it from now on are refused */
     if (mr->rkey_buf != NULL)
         ucp_rkey_buffer_release(mr->rkey_buf);
     if (mr->memh != NULL)
@@ -3124,12 +3430,22 @@ static void describe_device(ucx_tp_t *tp, const ucp_config_t *config)
         line += strlen("UCX_TLS=");
         snprintf(tls, sizeof(tls), "%.*s", (int)strcspn(line, "\n"), line);
     }
+    /* UCX has RMA of its own only on RDMA and GPU transports: on these it
+     * emulates gets with AMs, and tern serves them (serve_get). */
+    static const char *const emulated[] = {"tcp/",  "sysv/", "posix/", "cma/",
+                                           "knem/", "xpmem/", "self/"};
+    tp->served_gets = info != NULL;
     for (line = info; line != NULL && (line = strstr(line, "resource")) != NULL; line++) {
         const char *r = strstr(line, "-- ");
         const char *eol = strchr(line, '\n');
         if (r == NULL || (eol != NULL && r > eol))
             continue;
         r += 3;
+        bool known = false;
+        for (size_t i = 0; i < sizeof(emulated) / sizeof(emulated[0]); i++)
+            known = known || strncmp(r, emulated[i], strlen(emulated[i])) == 0;
+        if (!known)
+            tp->served_gets = false;
         /* UCX names the device of its shared-memory transports (sysv, posix,
          * cma, knem, xpmem) "memory"; "self" (a process to itself, device
          * "memory0") reaches no other process. */
@@ -3275,6 +3591,13 @@ static void tp_fini(ucx_tp_t *tp, bool keep_worker)
         tp->op_cache = op->cache_next;
         free(op);
     }
+    while (!link_empty(&tp->refusals)) {
+        refusal_t *f = link_entry(tp->refusals.next, refusal_t, link);
+        link_del(&f->link);
+        free(f);
+    }
+    HASH_CLEAR(hh, tp->gets);     /* every op left it as it completed: the table's own memory */
+    HASH_CLEAR(hh, tp->mr_by_id); /* likewise with tern__tp_release_mrs */
     if (tp->ctx != NULL && !keep_worker)
         ucp_cleanup(tp->ctx);
     free(tp->buckets);
@@ -3310,6 +3633,7 @@ static tern_status_t ucx_open(const tern__tp_config_t *cfg, tern_transport_t **t
     link_init(&tp->detached);
     link_init(&tp->orphan_entries);
     link_init(&tp->dirty);
+    link_init(&tp->refusals);
     tp->nbuckets = 64;
     if ((tp->buckets = calloc(tp->nbuckets, sizeof(*tp->buckets))) == NULL) {
         ret = tern__error(TERN_ERR_NO_MEMORY, "ucx: no memory for the transport");
