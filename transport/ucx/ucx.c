@@ -20,7 +20,8 @@
  *   put+imm   the above, then a notify AM: the target raises TERN_EVENT_PUT_IMM
  *             only after the data is in place; the endpoint's later AMs wait
  *             for the notify's seq (ep_release), so events keep posting order
- *   get       ucp_get_nbx
+ *   get       ucp_get_nbx; over UCX's tcp, which would emulate it, a MSG_GET
+ *             that the target's tern answers (serve_get)
  *             (a peer process on this host, TERN_UCX_CMA bytes and more:
  *             process_vm_readv/writev for get and put, one copy; see cma_copy)
  *   mr        ucp_mem_map of the caller's range + ucp_rkey_pack behind a tern header
