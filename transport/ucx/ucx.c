@@ -1319,24 +1319,26 @@ static void bye_apply(ucx_stream_t *s, const uint8_t *list, size_t n, bool keep_
 
 /* ---- served gets ----
  *
- * Where UCX has no RMA transport of its own for a peer (tcp, shared memory),
- * ucp_get_nbx is emulated with AMs that the target's UCX answers, out of
- * tern's sight: it reads the raw address, whatever the key's region has
- * become, and the reply requests it queues are ones UCX 1.13 cannot purge
- * without crashing (docs/transport-ucx.md, "Known UCX 1.13 faults"). There
- * tern serves gets itself, with the same two messages: MSG_GET names the
- * registration by id, and the target checks it (live, in bounds, readable)
- * before it answers with MSG_GET_REPLY, an ordinary AM whose payload is the
- * region's bytes (UCX sends a large one by rendezvous, which on shared
- * memory is a single cma copy). A refusal fails the get with
+ * Where UCX has no RMA transport of its own for a peer, ucp_get_nbx is
+ * emulated with AMs that the target's UCX answers, out of tern's sight: it
+ * reads the raw address, whatever the key's region has become, and the reply
+ * requests it queues are ones UCX 1.13 cannot purge without crashing
+ * (docs/transport-ucx.md, "Known UCX 1.13 faults"). Over UCX's network
+ * transports (tcp) tern serves gets itself, with the same two messages:
+ * MSG_GET names the registration by id, and the target checks it (live, in
+ * bounds, readable) before it answers with MSG_GET_REPLY, an ordinary AM
+ * whose payload is the region's bytes. A refusal fails the get with
  * TERN_ERR_ACCESS and raises TERN_EVENT_ERROR at the target. The reply goes
  * back on the UCP endpoint the request came on (UCP_AM_SEND_FLAG_REPLY), from
- * inside the AM callback, the only place UCX promises that endpoint. */
+ * inside the AM callback, the only place UCX promises that endpoint. Over
+ * shared memory UCX's pipelined copies (or cma_copy) were faster: gets stay
+ * with UCX there (ucx_ep_create). */
 
 /* Replies up to this size go eagerly: UCX's rendezvous (RTS, the getter's
- * fetch, ATS) took a 64 KiB get on shared memory from about 10 GB/s to 5.
- * Larger ones are left to UCX, so that the getter's UCX does not assemble a
- * whole copy of a large reply before tern copies it into place. */
+ * fetch, ATS) halved a 64 KiB get's bandwidth when served gets were tried on
+ * shared memory too. Larger ones are left to UCX, so that the getter's UCX
+ * does not assemble a whole copy of a large reply before tern copies it into
+ * place. */
 #define REPLY_EAGER_MAX ((size_t)1 << 20)
 
 /* A get we refused, raised by drain as TERN_EVENT_ERROR. */
