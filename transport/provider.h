@@ -114,6 +114,13 @@ static inline void tern__tp_release_mrs(tern_transport_t *tp)
     }
 }
 
+/* Whether [addr, addr + size) lies within the region [base, base + len),
+ * without overflow: the one bounds check of a peer's put or get. */
+static inline bool tern__range_within(uint64_t base, uint64_t len, uint64_t addr, uint64_t size)
+{
+    return addr >= base && size <= len && addr - base <= len - size;
+}
+
 /* Deliver an event to the transport's user. */
 static inline void tern__tp_event(tern_transport_t *tp, const tern_event_t *ev)
 {

@@ -315,7 +315,7 @@ static tern_status_t check_remote(tcp_tp_t *t, uint64_t key, uint64_t raddr, uin
     if (mr == NULL)
         return TERN_ERR_ACCESS; /* unknown or revoked key */
     uint64_t base = (uintptr_t)mr->base.addr, len = mr->base.len;
-    if (raddr < base || size > len || raddr - base > len - size)
+    if (!tern__range_within(base, len, raddr, size))
         return TERN_ERR_ACCESS; /* out of bounds: the header promises ACCESS for every refusal */
     if (!(mr->base.access & need))
         return TERN_ERR_ACCESS;
