@@ -759,13 +759,13 @@ static void test_bad_keys_rejected(void **state)
     region_free(&wo);
 }
 
-/* A key whose region was unregistered is refused (TERN_ERR_ACCESS at both ends). */
 #ifdef TERN_HAVE_UCX
 /* Tests only: whether gets on a ucx endpoint are served by the target's tern
  * (transport/ucx/ucx.c). */
 int tern__ucx_serves_gets(tern_ep_t *ep);
 #endif
 
+/* A key whose region was unregistered is refused (TERN_ERR_ACCESS at both ends). */
 static void test_revoked_key(void **state)
 {
     pair_t *p = *state;

@@ -301,11 +301,9 @@ typedef struct ucx_op {
     uint32_t imm;
     uint64_t len;
     /* A served get (OP_GET on an endpoint with served_get): */
-    bool served;
-    bool token_listed;   /* in tp->gets, its reply still awaited */
-    bool recv_cb_ran;    /* the reply's rendezvous receive called back */
-    unsigned awaiting;   /* 1 while the reply has not arrived (not a UCX request) */
-    uint32_t token;      /* names it in the reply */
+    bool awaiting;     /* in tp->gets: its reply has not arrived (not a UCX request) */
+    bool recv_cb_ran;  /* the reply's rendezvous receive called back */
+    uint32_t token;    /* names it in the reply */
     void *lbuf;          /* where the reply goes */
     UT_hash_handle hh;   /* tp->gets, by token */
     void *payload; /* owned AM payload (BYE) */
@@ -602,10 +600,9 @@ static ucx_op_t *op_new(ucx_tp_t *tp, ucx_ep_t *ep, enum op_kind kind,
 /* A served get no longer awaits its reply: one that comes is dropped. */
 static void get_unlist(ucx_op_t *op)
 {
-    if (op->token_listed)
+    if (op->awaiting)
         HASH_DEL(op->tp->gets, op);
-    op->token_listed = false;
-    op->awaiting = 0;
+    op->awaiting = false;
 }
 
 /* Unlink op from every list and recycle it. */
@@ -632,7 +629,7 @@ static void op_settle(ucx_op_t *op)
  * progress (once), or free it if its completion ran already. */
 static void op_maybe_settle(ucx_op_t *op)
 {
-    if (op->pending > 0 || op->awaiting > 0 || op->in_done)
+    if (op->pending > 0 || op->awaiting || op->in_done)
         return;
     if (op->detached)
         op_free(op); /* its completion ran already: UCX was the last to hold it */
@@ -725,20 +722,27 @@ static tern_status_t op_status(const ucx_op_t *op)
     return status_of(op->ustatus);
 }
 
+/* Write an AM header (the u32 at 20 is 0; a get reply puts its status there). */
+static void hdr_fill(uint8_t *h, uint8_t type, uint16_t flags, uint32_t src, uint32_t conn,
+                     uint32_t seq, uint32_t imm, uint64_t len)
+{
+    h[0] = WIRE_VERSION;
+    h[1] = type;
+    tern__put_le16(h + 2, flags);
+    tern__put_le32(h + 4, src);
+    tern__put_le32(h + 8, conn);
+    tern__put_le32(h + 12, seq);
+    tern__put_le32(h + 16, imm);
+    tern__put_le32(h + 20, 0);
+    tern__put_le64(h + 24, len);
+}
+
 /* Write the AM header of a message of type on ep; its sequence number is
  * ep's next one (am_post rewrites it as UCX accepts the message). */
 static void hdr_write(uint8_t *h, const ucx_ep_t *ep, uint8_t type, uint16_t flags, uint32_t imm,
                       uint64_t len)
 {
-    h[0] = WIRE_VERSION;
-    h[1] = type;
-    tern__put_le16(h + 2, flags);
-    tern__put_le32(h + 4, ep->tp->base.self_id);
-    tern__put_le32(h + 8, ep->conn);
-    tern__put_le32(h + 12, ep->tx_seq);
-    tern__put_le32(h + 16, imm);
-    tern__put_le32(h + 20, 0);
-    tern__put_le64(h + 24, len);
+    hdr_fill(h, type, flags, ep->tp->base.self_id, ep->conn, ep->tx_seq, imm, len);
 }
 
 /* Post op's AM (header already filled, payload buf[0..len)). A message UCX
@@ -925,7 +929,7 @@ static bool op_advance(ucx_op_t *op)
 static tern_status_t op_launched(ucx_op_t *op)
 {
     link_add_tail(&op->ep->ops, &op->link);
-    if (--op->pending > 0 || op->awaiting > 0)
+    if (--op->pending > 0 || op->awaiting)
         return TERN_INPROGRESS;
     if (!op_advance(op))
         return TERN_INPROGRESS;
@@ -1370,20 +1374,15 @@ static void serve_get(ucx_tp_t *tp, const uint8_t *h, const ucp_am_recv_param_t 
     const uint64_t len = tern__get_le64(h + 24), raddr = tern__get_le64(h + 32);
     const char *why = NULL;
     ucx_mr_t *mr = NULL;
-    uint64_t base = 0, rlen = 0;
 
     HASH_FIND(hh, tp->mr_by_id, &reg, sizeof(reg), mr);
-    if (mr != NULL) {
-        base = (uintptr_t)mr->base.addr;
-        rlen = mr->base.len;
-    }
     if (mr == NULL)
         why = "no such registration here (unregistered?)";
     else if (!(mr->base.access & TERN_ACCESS_REMOTE_READ))
         why = "the region does not allow remote read";
     else if (mr->base.mem_type != TERN_MEM_HOST)
         why = "the region is not host memory";
-    else if (raddr < base || raddr - base > rlen || len > rlen - (raddr - base))
+    else if (!tern__range_within((uintptr_t)mr->base.addr, mr->base.len, raddr, len))
         why = "out of the region's bounds";
     if (!(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) || param->reply_ep == NULL) {
         tern_warn("ucx: a get from peer %u came without a reply endpoint: dropped", src);
@@ -1397,15 +1396,8 @@ static void serve_get(ucx_tp_t *tp, const uint8_t *h, const ucp_am_recv_param_t 
         return;
     }
     const tern_status_t st = why == NULL ? TERN_OK : TERN_ERR_ACCESS;
-    r->hdr[0] = WIRE_VERSION;
-    r->hdr[1] = MSG_GET_REPLY;
-    tern__put_le16(r->hdr + 2, 0);
-    tern__put_le32(r->hdr + 4, tp->base.self_id);
-    tern__put_le32(r->hdr + 8, 0);
-    tern__put_le32(r->hdr + 12, 0);
-    tern__put_le32(r->hdr + 16, token);
+    hdr_fill(r->hdr, MSG_GET_REPLY, 0, tp->base.self_id, 0, 0, token, why == NULL ? len : 0);
     tern__put_le32(r->hdr + 20, (uint32_t)(int32_t)st);
-    tern__put_le64(r->hdr + 24, why == NULL ? len : 0);
     ucp_request_param_t p = {
         .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
                         UCP_OP_ATTR_FIELD_MEMORY_TYPE | UCP_OP_ATTR_FIELD_FLAGS,
@@ -1963,6 +1955,22 @@ static void notice_fill(uint8_t *d, uint8_t type, uint32_t src, uint32_t conn, u
     tern__put_le32(d + 16, n);
 }
 
+/* One datagram from a notice socket into d[0..cap): its length; 0 when
+ * nothing waits; -1 once the socket has hung up or broken. */
+static ssize_t notice_recv(int fd, uint8_t *d, size_t cap)
+{
+    for (;;) {
+        ssize_t r = recv(fd, d, cap, MSG_DONTWAIT);
+        if (r > 0)
+            return r;
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            return 0;
+        return -1;
+    }
+}
+
 /* ---- puts and gets to a peer on this host ----
  *
  * UCX 1.13 runs ucp_put_nbx and ucp_get_nbx between processes on one host as
@@ -2157,12 +2165,10 @@ static bool ep_notice_read(ucx_ep_t *ep)
     uint8_t d[NOTICE_HDR_LEN];
 
     for (;;) {
-        ssize_t r = recv(ep->nfd, d, sizeof(d), MSG_DONTWAIT);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+        ssize_t r = notice_recv(ep->nfd, d, sizeof(d));
+        if (r == 0)
             return true;
-        if (r <= 0) {
+        if (r < 0) {
             ep->ack_wait = false; /* no answer will come */
             return false;
         }
@@ -2237,12 +2243,10 @@ static int notice_conn_read(ucx_tp_t *tp, notice_conn_t *c)
     int n = 0;
 
     for (;;) {
-        ssize_t r = recv(c->fd, d, sizeof(d), MSG_DONTWAIT);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+        ssize_t r = notice_recv(c->fd, d, sizeof(d));
+        if (r == 0)
             return n;
-        if (r <= 0)
+        if (r < 0)
             break; /* hung up */
         n++;
         if ((size_t)r < NOTICE_HDR_LEN || d[1] != WIRE_VERSION ||
@@ -2620,7 +2624,7 @@ static bool ep_ops_settled(const ucx_ep_t *ep)
 {
     for (const link_t *l = ep->ops.next; l != &ep->ops; l = l->next) {
         const ucx_op_t *op = link_entry(l, const ucx_op_t, link);
-        if (op->pending > 0 || op->awaiting > 0)
+        if (op->pending > 0 || op->awaiting)
             return false;
     }
     return true;
@@ -3015,7 +3019,7 @@ static tern_status_t rma_check(ucx_ep_t *ep, const ucx_rkey_t *rk, uint64_t radd
     if (!(rk->access & need))
         why = get ? "the region does not allow remote read"
                   : "the region does not allow remote write";
-    else if (raddr < base || raddr - base > rlen || len > rlen - (raddr - base))
+    else if (!tern__range_within(base, rlen, raddr, len))
         why = "out of the region's bounds";
     else
         return TERN_OK;
@@ -3122,14 +3126,12 @@ static tern_status_t get_request(ucx_ep_t *ep, const ucx_rkey_t *rk, void *buf, 
         op_free(op);
         return tern__error(TERN_ERR_NO_MEMORY, "tern_ep_get: no memory for the operation");
     }
-    op->token_listed = true;
-    op->served = true;
-    op->awaiting = 1;
+    op->awaiting = true;
     op->len = len;
     op->lbuf = buf;
     op->pending = 1;
-    hdr_write(op->hdr, ep, MSG_GET, 0, op->token, len);
-    tern__put_le32(op->hdr + 12, 0); /* no seq: outside the streams */
+    hdr_fill(op->hdr, MSG_GET, 0, tp->base.self_id, ep->conn, 0 /* outside the streams */,
+             op->token, len);
     tern__put_le64(op->hdr + 32, raddr);
     tern__put_le32(op->hdr + 40, rk->reg_id);
     tern__put_le32(op->hdr + 44, 0);
@@ -3566,15 +3568,10 @@ static void tp_fini(ucx_tp_t *tp, bool keep_worker)
          * purpose (it may have no BYE from us: we never had an endpoint
          * to it), not that it died. */
         uint8_t gone[NOTICE_HDR_LEN];
-        while (!c->hello) { /* a channel not read yet: its HELLO names the endpoint */
-            ssize_t r = recv(c->fd, gone, sizeof(gone), MSG_DONTWAIT);
-            if (r < 0 && errno == EINTR)
-                continue;
-            if (r <= 0)
-                break;
+        ssize_t r;
+        while (!c->hello && (r = notice_recv(c->fd, gone, sizeof(gone))) > 0)
             if (r == (ssize_t)NOTICE_HDR_LEN && gone[0] == NOTICE_HELLO && gone[1] == WIRE_VERSION)
-                notice_take_hello(c, gone);
-        }
+                notice_take_hello(c, gone); /* a channel not read yet: it names the endpoint */
         notice_fill(gone, NOTICE_GONE, tp->base.self_id, c->conn, keep_worker ? GONE_PARKED : 0,
                     0);
         if (c->hello && send(c->fd, gone, sizeof(gone), MSG_NOSIGNAL | MSG_DONTWAIT) < 0)
