@@ -128,7 +128,8 @@ typedef struct tern_transport_attr {
     int revokes_keys;     /* the target takes part in every put and get, so one naming a
                              region its owner has unregistered is refused, even one whose
                              data is still arriving (tcp, verbs); ucx's one-sided RMA
-                             writes to whatever the address holds then */
+                             writes to whatever the address holds then (but not the puts
+                             and gets it serves over UCX's tcp: docs/transport-ucx.md) */
 } tern_transport_attr_t;
 
 /*
@@ -296,8 +297,8 @@ TERN_API tern_status_t tern_ep_send_inline(tern_ep_t *ep, uint32_t imm, void *bu
  * that is out of bounds or without remote write access fails the operation with
  * TERN_ERR_ACCESS here and raises TERN_EVENT_ERROR at the peer; the endpoint
  * stays usable. A revoked key (its region unregistered) is refused the same way
- * by providers whose target takes part in the access (tcp, verbs); one-sided
- * UCX RMA cannot check it (docs/transport-ucx.md).
+ * by providers whose target takes part in the access (tcp, verbs, and ucx over
+ * UCX's tcp); one-sided UCX RMA cannot check it (docs/transport-ucx.md).
  */
 TERN_API tern_status_t tern_ep_put(tern_ep_t *ep, const void *buf, size_t len, uint64_t raddr,
                                    tern_rkey_t *rkey, const tern_op_params_t *params);
