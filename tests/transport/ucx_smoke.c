@@ -17,6 +17,9 @@
 #include <string.h>
 #include <poll.h>
 #include <pthread.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -27,6 +30,8 @@
 
 /* The provider's counter of sends received by rendezvous (tests only). */
 uint64_t tern__ucx_rndv_count(const tern_transport_t *tp);
+/* Whether closing tp will leave its UCX worker parked (tests only). */
+int tern__ucx_parks_at_close(tern_transport_t *tp);
 
 #define SEC 1000000000ull
 #define MAX_EV 4096
@@ -1183,6 +1188,120 @@ static void test_put_imm_order(void **state)
     region_free(&r);
 }
 
+/* The child of test_peer_dies_with_gets_queued: gets of n * len bytes from
+ * the parent's region, then it stops reading (and is killed). It reports by
+ * exit status only: cmocka's asserts belong to the parent. */
+static void getter_child(const uint8_t *addr, size_t alen, const uint8_t *key, size_t klen,
+                         size_t len, unsigned n, int up)
+{
+    tern_transport_params_t params = {
+        .field_mask = TERN_TRANSPORT_PARAM_PROVIDER | TERN_TRANSPORT_PARAM_SELF_ID,
+        .provider = "ucx",
+        .self_id = 0,
+    };
+    tern_transport_t *tp = NULL;
+    tern_ep_t *ep = NULL;
+    tern_rkey_t *rk = NULL;
+    tern_mr_t *mr = NULL;
+    uint8_t *mem = malloc(n * len);
+
+    setenv("TERN_UCX_CMA", "0", 1); /* every get through UCX's emulation */
+    if (mem == NULL || tern_transport_open(&params, &tp) != TERN_OK ||
+        tern_ep_create(tp, 1, addr, alen, &ep) != TERN_OK ||
+        tern_rkey_unpack(ep, key, klen, &rk) != TERN_OK ||
+        tern_mr_reg(tp, mem, n * len, NULL, &mr) != TERN_OK)
+        _exit(2);
+    tern_op_params_t op = {.field_mask = TERN_OP_PARAM_MR, .mr = mr};
+    for (unsigned i = 0; i < n; i++) {
+        tern_status_t st = tern_ep_get(ep, mem + i * len, len, tern_rkey_addr(rk), rk, &op);
+        if (st != TERN_OK && st != TERN_INPROGRESS)
+            _exit(3);
+    }
+    for (int i = 0; i < 100; i++)
+        tern_transport_progress(tp);
+    if (write(up, "g", 1) != 1)
+        _exit(4);
+    for (;;)
+        pause(); /* reads nothing more: the answers queue up at the parent */
+}
+
+/* A peer on this host that dies with gets in flight that our UCX answers
+ * itself (UCX's emulated gets, TERN_UCX_CMA=0) leaves answers queued for
+ * it, which UCX 1.13 cannot purge without crashing (docs/transport-ucx.md,
+ * "Known UCX 1.13 faults"). Told by the peer's notice channel hanging up
+ * unannounced, the target parks its worker at close, and closes. */
+static void test_peer_dies_with_gets_queued(void **state)
+{
+    static side_t b;
+    const size_t len = 4u << 20;
+    const unsigned n = 8;
+    uint8_t addr[TERN_ADDR_MAX], key[TERN_RKEY_MAX];
+    size_t alen = sizeof(addr), klen = sizeof(key);
+    tern_transport_attr_t at;
+    tern_mr_t *mr = NULL;
+    int up[2];
+    char c;
+
+    (void)state;
+    memset(&b, 0, sizeof(b));
+    b.tp = open_ucx(1, &b, 0);
+    tern_transport_query(b.tp, &at);
+    if (!at.host_shm) { /* UCX detects a lost tcp peer, and tern serves gets there */
+        tern_transport_close(b.tp);
+        skip();
+    }
+    uint8_t *mem = malloc(len);
+    assert_non_null(mem);
+    fill(mem, len, 9);
+    assert_int_equal(tern_mr_reg(b.tp, mem, len, NULL, &mr), TERN_OK);
+    assert_int_equal(tern_mr_pack(mr, key, &klen), TERN_OK);
+    assert_int_equal(tern_transport_address(b.tp, addr, &alen), TERN_OK);
+    assert_int_equal(pipe(up), 0);
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        close(up[0]);
+        getter_child(addr, alen, key, klen, len, n, up[1]);
+    }
+    close(up[1]);
+    /* Answer the gets until the child has posted them all and stopped. */
+    struct pollfd pfd = {.fd = up[0], .events = POLLIN};
+    uint64_t until = tern_clock_ns() + 60 * SEC;
+    while (poll(&pfd, 1, 0) == 0) {
+        if (tern_clock_ns() > until) {
+            kill(pid, SIGKILL);
+            fail_msg("the child did not post its gets");
+        }
+        tern_transport_progress(b.tp);
+    }
+    ssize_t got = read(up[0], &c, 1);
+    close(up[0]);
+    if (got != 1) {
+        int status = 0;
+        waitpid(pid, &status, 0);
+        fail_msg("the child failed (exit status %d)", WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+    }
+    assert_int_equal(tern__ucx_parks_at_close(b.tp), 0);
+    until = tern_clock_ns() + SEC / 5; /* more answers, into a FIFO no one reads */
+    while (tern_clock_ns() < until)
+        tern_transport_progress(b.tp);
+    assert_int_equal(kill(pid, SIGKILL), 0);
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFSIGNALED(status));
+    until = tern_clock_ns() + 10 * SEC;
+    while (!tern__ucx_parks_at_close(b.tp)) {
+        if (tern_clock_ns() > until)
+            fail_msg("the dead peer went unnoticed");
+        tern_transport_progress(b.tp);
+    }
+    tern_mr_dereg(mr);
+    tern_transport_close(b.tp); /* parked: no purge of the queued answers */
+    forget_events(&b);
+    free(mem);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1203,6 +1322,7 @@ int main(void)
         cmocka_unit_test(test_ep_destroy_backlog_busy_peer),
         cmocka_unit_test_setup_teardown(test_lost_peer_get_wakes_fd, setup, teardown),
         cmocka_unit_test_setup_teardown(test_put_imm_order, setup, teardown),
+        cmocka_unit_test(test_peer_dies_with_gets_queued),
     };
     return cmocka_run_group_tests_name("ucx_smoke", tests, NULL, NULL);
 }

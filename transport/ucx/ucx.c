@@ -439,7 +439,8 @@ struct ucx_tp {
     bool closing;     /* ucx_close has freed the streams: arrivals are dropped */
     bool peer_mode;   /* try UCP_ERR_HANDLING_MODE_PEER (cleared once it fails) */
     bool in_progress; /* ucx_progress is running (a callback must not re-enter it) */
-    bool peer_parked; /* a peer closed leaving its UCX worker in place (NOTICE_GONE) */
+    bool peer_unread; /* a peer will never read what UCX queued for it: it parked its
+                         worker (NOTICE_GONE) or died (a notice channel hung up unannounced) */
     size_t cma_min;   /* TERN_UCX_CMA: puts and gets this large to same-host peers by cma_copy */
     uint8_t *addr;
     size_t addr_len;
@@ -491,6 +492,14 @@ uint64_t tern__ucx_rndv_count(const tern_transport_t *tp);
 uint64_t tern__ucx_rndv_count(const tern_transport_t *tp)
 {
     return to_ucx_tp(tp)->rndv_recvs;
+}
+
+/* Tests only: whether closing tp will park its UCX worker (ucx_close). */
+int tern__ucx_parks_at_close(tern_transport_t *tp);
+
+int tern__ucx_parks_at_close(tern_transport_t *tp)
+{
+    return to_ucx_tp(tp)->peer_unread || !link_empty(&to_ucx_tp(tp)->zombie_eps);
 }
 
 /* Tests only: whether gets and puts on this endpoint are served by the target's
@@ -2309,7 +2318,7 @@ static bool ep_notice_bye(ucx_ep_t *ep, const uint8_t *ranges, size_t n, uint64_
 /* Read what the peer's listener end says on ep's notice channel: the answer
  * to our BYE (NOTICE_ACK: sets ep->ack_seq, clears ep->ack_wait) and
  * NOTICE_GONE as its transport closes on purpose (sets ep->peer_closed: it
- * may never have had an endpoint to us to say BYE on; and tp->peer_parked
+ * may never have had an endpoint to us to say BYE on; and tp->peer_unread
  * if it left its worker in place). Returns false once the channel has hung
  * up or broken, which ends an ACK wait too. */
 static bool ep_notice_read(ucx_ep_t *ep)
@@ -2333,9 +2342,9 @@ static bool ep_notice_read(ucx_ep_t *ep)
             ep->ack_seq = tern__get_le32(d + 12);
         } else if (d[0] == NOTICE_GONE && tern__get_le32(d + 4) == ep->base.peer) {
             ep->peer_closed = true;
-            if (tern__get_le32(d + 12) == GONE_PARKED && !ep->tp->peer_parked) {
+            if (tern__get_le32(d + 12) == GONE_PARKED && !ep->tp->peer_unread) {
                 tern_debug("ucx: peer %u closed leaving its UCX worker in place", ep->base.peer);
-                ep->tp->peer_parked = true;
+                ep->tp->peer_unread = true;
             }
         }
     }
@@ -2344,7 +2353,7 @@ static bool ep_notice_read(ucx_ep_t *ep)
 static void ep_notice_close(ucx_ep_t *ep)
 {
     if (ep->nfd >= 0) {
-        ep_notice_read(ep); /* a GONE there still counts (tp->peer_parked) */
+        ep_notice_read(ep); /* a GONE there still counts (tp->peer_unread) */
         watch_close(ep->tp, ep->nfd);
     }
     ep->nfd = -1;
@@ -2385,6 +2394,19 @@ static void notice_take_hello(notice_conn_t *c, const uint8_t *d)
     c->hello = true;
     c->src = tern__get_le32(d + 4);
     c->conn = tern__get_le32(d + 8);
+}
+
+/* A peer on this host died (its notice channel hung up unannounced). What our
+ * UCX still queues for it (answers to its gets waiting for room in its FIFO)
+ * will never be read, and UCX 1.13 cannot purge those answers at our close
+ * without crashing (docs/transport-ucx.md, "Known UCX 1.13 faults"): our
+ * worker is parked at close instead, as when a peer says it parked. */
+static void peer_died(ucx_tp_t *tp, uint32_t peer)
+{
+    if (tp->peer_unread)
+        return;
+    tern_debug("ucx: peer %u died: this transport's UCX worker will be parked at close", peer);
+    tp->peer_unread = true;
 }
 
 /* Read what a peer endpoint's channel carries; on hang-up close it, and if
@@ -2433,6 +2455,7 @@ static int notice_conn_read(ucx_tp_t *tp, notice_conn_t *c)
     if (c->hello && !c->bye) {
         ucx_stream_t *s = stream_get(tp, c->src, c->conn);
         tern_debug("ucx: peer %u's endpoint hung up without a BYE: it is gone", c->src);
+        peer_died(tp, c->src);
         if (s != NULL) {
             s->dead = true;
             stream_dirty(tp, s);
@@ -2531,6 +2554,8 @@ static int notice_poll(ucx_tp_t *tp)
         ep_notice_read(ep); /* a NOTICE_GONE says it was on purpose */
         tern_debug("ucx: the notice channel to peer %u %s", ep->base.peer,
                    ep->peer_closed ? "says it closes" : "hung up");
+        if (!ep->peer_closed)
+            peer_died(tp, ep->base.peer);
         ep_notice_close(ep);
         ep_mark_lost(ep, UCS_ERR_CONNECTION_RESET);
         handled++;
@@ -4105,11 +4130,11 @@ static void ucx_close(tern_transport_t *btp)
      * and UCX 1.13's purge crashes on some of them (ucp_request_memory_dereg
      * -> ucp_mem_rereg_mds: 4 of 30 runs of the sm peer-close conformance
      * case). */
-    /* A peer that parked its worker never reads its FIFO again. What UCX
+    /* A peer that parked its worker, or died, never reads its FIFO again. What UCX
      * itself queued for it, out of tern's sight (replies to the peer's
      * emulated gets), would be purged by our destroy: the purge that crashes
      * (docs/transport-ucx.md, "Known UCX 1.13 faults"). */
-    const bool keep_worker = !link_empty(&tp->zombie_eps) || tp->peer_parked;
+    const bool keep_worker = !link_empty(&tp->zombie_eps) || tp->peer_unread;
     if (busy)
         tern_warn("ucx: UCX was still busy closing this transport's endpoints after %llu ms: "
                   "its UCX worker is left in place, not destroyed, since destroying it "
@@ -4120,9 +4145,9 @@ static void ucx_close(tern_transport_t *btp)
                   "progressing: the UCX worker is left in place, not destroyed, since "
                   "UCX may crash purging what it queued for that peer");
     else if (keep_worker)
-        tern_info("ucx: a peer closed leaving its UCX worker in place: this one is left in "
-                  "place too, not destroyed, since UCX may crash purging what it queued for "
-                  "that peer");
+        tern_info("ucx: a peer closed leaving its UCX worker in place, or died: this one is "
+                  "left in place too, not destroyed, since UCX may crash purging what it "
+                  "queued for that peer");
     tp_fini(tp, keep_worker);
 }
 
