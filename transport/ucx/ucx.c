@@ -16,7 +16,9 @@
  *             self_id, the immediate, and a per-endpoint sequence number (a
  *             small payload rides after it in the AM's data: am_post)
  *   put       ucp_put_nbx + ucp_ep_flush_nbx: a put completes once the data is
- *             at the target, as an RC write completes once acknowledged
+ *             at the target, as an RC write completes once acknowledged; over
+ *             UCX's tcp, MSG_PUT chunks the target's tern checks, places and
+ *             acknowledges (serve_put)
  *   put+imm   the above, then a notify AM: the target raises TERN_EVENT_PUT_IMM
  *             only after the data is in place; the endpoint's later AMs wait
  *             for the notify's seq (ep_release), so events keep posting order
@@ -1502,6 +1504,16 @@ static void refusal_add(ucx_tp_t *tp, uint32_t src, uint16_t flags, uint32_t imm
     link_add_tail(&tp->refusals, &f->link);
 }
 
+/* Whether a served request (h: its header) came with an endpoint to answer on. */
+static bool served_reply_ep(const ucp_am_recv_param_t *param, const uint8_t *h)
+{
+    if ((param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) && param->reply_ep != NULL)
+        return true;
+    tern_warn("ucx: a %s from peer %u came without a reply endpoint: dropped",
+              h[1] == MSG_PUT ? "put" : "get", tern__get_le32(h + 4));
+    return false;
+}
+
 /* Answer a peer's MSG_GET (from am_cb). */
 static void serve_get(ucx_tp_t *tp, const uint8_t *h, const ucp_am_recv_param_t *param)
 {
@@ -1510,10 +1522,8 @@ static void serve_get(ucx_tp_t *tp, const uint8_t *h, const ucp_am_recv_param_t 
     const uint64_t len = tern__get_le64(h + 24), raddr = tern__get_le64(h + 32);
     const char *why = served_check(tp, reg, raddr, len, false);
 
-    if (!(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) || param->reply_ep == NULL) {
-        tern_warn("ucx: a get from peer %u came without a reply endpoint: dropped", src);
+    if (!served_reply_ep(param, h))
         return;
-    }
     serve_reply(tp, param, MSG_GET_REPLY, token, why == NULL ? TERN_OK : TERN_ERR_ACCESS,
                 why == NULL ? len : 0, (const void *)(uintptr_t)raddr, why == NULL ? len : 0);
     if (why != NULL) {
@@ -1537,10 +1547,8 @@ static void serve_put(ucx_tp_t *tp, const uint8_t *h, const void *data, size_t l
     const char *why = len != length ? "its length is not its header's"
                                     : served_check(tp, reg, raddr, len, true);
 
-    if (!(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) || param->reply_ep == NULL) {
-        tern_warn("ucx: a put from peer %u came without a reply endpoint: dropped", src);
+    if (!served_reply_ep(param, h))
         return;
-    }
     if (why == NULL && len > 0)
         memcpy((void *)(uintptr_t)raddr, data, len);
     serve_reply(tp, param, MSG_PUT_ACK, token, why == NULL ? TERN_OK : TERN_ERR_ACCESS, len,
@@ -1576,9 +1584,9 @@ static void get_reply(ucx_tp_t *tp, const uint8_t *h, void *data, size_t length,
     ucx_op_t *op = NULL;
 
     HASH_FIND(hh, tp->awaited, &token, sizeof(token), op);
-    if (op == NULL || op->ep == NULL || op->ep->base.peer != src) {
-        /* Its get was given up on (canceled, failed): a rendezvous
-         * descriptor not taken is dropped by UCX. */
+    if (op == NULL || op->ep == NULL || op->ep->base.peer != src || op->kind != OP_GET) {
+        /* Its get was given up on (canceled, failed), or the token names
+         * a put: a rendezvous descriptor not taken is dropped by UCX. */
         tern_debug("ucx: a reply from peer %u to a get no longer awaited: dropped", src);
         return;
     }
@@ -3297,11 +3305,8 @@ static tern_status_t put_request(ucx_ep_t *ep, const void *buf, size_t len, uint
         }
     }
     if (has_imm) {
-        op_track(op, ucp_ep_flush_nbx(ep->uep, &(ucp_request_param_t){
-                                                   .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
-                                                                   UCP_OP_ATTR_FIELD_USER_DATA,
-                                                   .cb.send = op_request_cb,
-                                                   .user_data = op}));
+        p = op_param(op);
+        op_track(op, ucp_ep_flush_nbx(ep->uep, &p));
         op->blocking = true; /* what is posted after it waits until its notify has a seq */
         ep->nblock++;
     }
