@@ -110,8 +110,8 @@
  * from overflow. */
 #define MAX_PUT ((size_t)1 << 40)
 
-#define WIRE_VERSION 5 /* 3: BYE and notice datagrams list canceled seqs as ranges; 4: served
-                          gets; 5: served puts */
+#define WIRE_VERSION 6 /* 3: BYE and notice datagrams list canceled seqs as ranges; 4: served
+                          gets; 5: served puts; 6: a get reply's status trailer */
 #define ADDR_MAGIC 0x58435554u /* "TUCX" little-endian */
 #define RKEY_MAGIC 0x4b435554u /* "TUCK" */
 #define ADDR_HDR_LEN 40u
@@ -173,7 +173,10 @@ enum msg_type {
     MSG_BYE = 4,     /* the sender destroyed its endpoint: payload = canceled seq ranges */
     /* Served gets (see serve_get), outside the streams (no seq): */
     MSG_GET = 5,       /* read len bytes at raddr of registration reg_id; imm = token */
-    MSG_GET_REPLY = 6, /* imm = the get's token, u32 at 20 = tern status, payload = the bytes */
+    MSG_GET_REPLY = 6, /* imm = the get's token, u32 at 20 = tern status (a refusal: no
+                          payload); else payload = the bytes, then a u32 status trailer
+                          (REPLY_TRAILER_LEN: TERN_ERR_ACCESS when the region went while
+                          the reply was read, its bytes from then on zeros) */
     /* Served puts (see serve_put), likewise: */
     MSG_PUT = 7,     /* write the payload at raddr of registration reg_id; imm = token;
                         MSGF_IMM: the put carries an immediate (u32 at 44) */
@@ -317,6 +320,8 @@ typedef struct ucx_op {
     void **xreqs;      /* one block with xhdrs, freed with the op */
     uint8_t *xhdrs;
     void *lbuf;          /* where the reply goes */
+    ucp_dt_iov_t riov[2]; /* a rendezvous reply's receive: lbuf, then rtrailer */
+    uint8_t rtrailer[4];
     UT_hash_handle hh;   /* tp->awaited, by token */
     void *payload; /* owned AM payload (BYE) */
     struct ucx_op *cache_next;
@@ -362,6 +367,7 @@ typedef struct ucx_mr {
     uint32_t id;
     ucx_tp_t *tp;
     UT_hash_handle hh; /* tp->mr_by_id */
+    link_t replies;    /* get_reply_t still reading the region (served gets) */
 } ucx_mr_t;
 
 typedef struct ucx_rkey {
@@ -460,6 +466,8 @@ struct ucx_tp {
     uint32_t next_token;
     struct ucx_op *awaited;  /* served gets and puts awaiting replies, by token */
     struct ucx_mr *mr_by_id; /* our registrations, for the gets we serve */
+    ucp_datatype_t reply_dt; /* a served get's reply payload, read as it goes (reply_pack) */
+    bool has_reply_dt;
     link_t refusals;         /* gets and puts we refused, raised as events by drain */
     uint32_t refused_src, refused_token; /* the put refused last: its chunks raise one event */
     bool refused_any;
@@ -1377,7 +1385,16 @@ static void bye_apply(ucx_stream_t *s, const uint8_t *list, size_t n, bool keep_
  * back on the UCP endpoint the request came on (UCP_AM_SEND_FLAG_REPLY), from
  * inside the AM callback, the only place UCX promises that endpoint. Over
  * shared memory UCX's pipelined copies (or cma_copy) were faster: gets stay
- * with UCX there (ucx_ep_create). */
+ * with UCX there (ucx_ep_create).
+ *
+ * UCX reads a reply's payload as the socket takes it, long after the
+ * callback, and its owner may free the region once tern_mr_dereg returns.
+ * So the payload is a generic datatype (reply_pack) that tern copies into
+ * UCX's send segments itself, in order, and stops reading at the dereg
+ * (replies_revoke): the rest goes as zeros, and the status trailer after the
+ * bytes, packed last, tells the getter whether all of them were read while
+ * the region was there. That is an RC read racing ibv_dereg_mr: it either
+ * completes or fails with TERN_ERR_ACCESS, and reads nothing after. */
 
 /* Replies up to this size go eagerly: UCX's rendezvous (RTS, the getter's
  * fetch, ATS) halved a 64 KiB get's bandwidth when served gets were tried on
@@ -1405,28 +1422,135 @@ typedef struct refusal {
     uint64_t len;
 } refusal_t;
 
-/* A reply on its way: its header must outlive the send. */
+/* A get reply's status trailer: u32 tern status. */
+#define REPLY_TRAILER_LEN 4u
+
+/* A reply on its way: its header must outlive the send, and a get's
+ * payload is read through it (reply_pack). */
 typedef struct get_reply {
+    link_t link;        /* its region's replies while it may read the region */
+    const uint8_t *src; /* the region's bytes; NULL once the region is gone */
+    uint64_t len;       /* bytes of the region, then the trailer */
+    bool trailer_set;
+    uint8_t trailer[REPLY_TRAILER_LEN];
     uint8_t hdr[MSG_HDR_LEN];
 } get_reply_t;
 
-/* The reply's send finished (or the worker's destroy purged it): free its
- * header only, since this may run inside ucp_worker_destroy. */
+/* The reply's send finished (or the worker's destroy purged it, before the
+ * registrations go): free it only, since this may run inside
+ * ucp_worker_destroy. */
 static void reply_sent_cb(void *request, ucs_status_t status, void *arg)
 {
+    get_reply_t *r = arg;
+
     (void)status;
     ucp_request_free(request);
-    free(arg);
+    link_del(&r->link);
+    free(r);
 }
 
+/* The region of mr goes: its replies under way read no more of it. */
+static void replies_revoke(ucx_mr_t *mr)
+{
+    while (!link_empty(&mr->replies)) {
+        get_reply_t *r = link_entry(mr->replies.next, get_reply_t, link);
+        tern_debug("ucx: a reply of %llu bytes from registration %u is under way as it is "
+                   "unregistered: the rest goes as zeros, and the get fails",
+                   (unsigned long long)r->len, mr->id);
+        r->src = NULL;
+        link_del(&r->link);
+    }
+}
+
+/* reply_dt's operations. UCX calls them with the buffer and count given to
+ * ucp_am_send_nbx (the get_reply_t, 1), packs a message's fragments in order
+ * of offset, and calls finish as the send completes or is purged. */
+static void *reply_start_pack(void *context, const void *buffer, size_t count)
+{
+    (void)context;
+    (void)count;
+    return (void *)(uintptr_t)buffer;
+}
+
+static size_t reply_packed_size(void *state)
+{
+    const get_reply_t *r = state;
+
+    return r->len + REPLY_TRAILER_LEN;
+}
+
+static size_t reply_pack(void *state, size_t offset, void *dest, size_t max_length)
+{
+    get_reply_t *r = state;
+    const uint64_t total = r->len + REPLY_TRAILER_LEN;
+    uint8_t *d = dest;
+    size_t n, k = 0;
+
+    if (offset >= total)
+        return 0;
+    n = max_length < total - offset ? max_length : (size_t)(total - offset);
+    if (offset < r->len) {
+        k = n < r->len - offset ? n : (size_t)(r->len - offset);
+        if (r->src != NULL)
+            memcpy(d, r->src + offset, k);
+        else
+            memset(d, 0, k);
+    }
+    if (k < n) {
+        /* The bytes before it were all packed: set once, so that a region
+         * that goes while the trailer straddles two fragments cannot
+         * change it half way. */
+        if (!r->trailer_set) {
+            tern__put_le32(r->trailer, (uint32_t)(int32_t)(r->src != NULL ? TERN_OK
+                                                                          : TERN_ERR_ACCESS));
+            r->trailer_set = true;
+        }
+        memcpy(d + k, r->trailer + (offset + k - r->len), n - k);
+    }
+    return n;
+}
+
+static void reply_finish(void *state)
+{
+    (void)state; /* reply_sent_cb (or the post's own failure) frees it */
+}
+
+/* Never used to receive: only the sending half of a datatype's work. */
+static void *reply_start_unpack(void *context, void *buffer, size_t count)
+{
+    (void)context;
+    (void)count;
+    return buffer;
+}
+
+static ucs_status_t reply_unpack(void *state, size_t offset, const void *src, size_t length)
+{
+    (void)state;
+    (void)offset;
+    (void)src;
+    (void)length;
+    return UCS_ERR_UNSUPPORTED;
+}
+
+static const ucp_generic_dt_ops_t reply_dt_ops = {
+    .start_pack = reply_start_pack,
+    .start_unpack = reply_start_unpack,
+    .packed_size = reply_packed_size,
+    .pack = reply_pack,
+    .unpack = reply_unpack,
+    .finish = reply_finish,
+};
+
 /* Whether a peer may read (or write) len bytes at raddr of our registration
- * reg: NULL, or why not. */
+ * reg: NULL, or why not; *mr_out (if not NULL) the registration. */
 static const char *served_check(ucx_tp_t *tp, uint32_t reg, uint64_t raddr, uint64_t len,
-                                bool write)
+                                bool write, ucx_mr_t **mr_out)
 {
     ucx_mr_t *mr = NULL;
 
     HASH_FIND(hh, tp->mr_by_id, &reg, sizeof(reg), mr);
+    if (mr_out != NULL)
+        *mr_out = mr;
     if (mr == NULL)
         return "no such registration here (unregistered?)";
     if (!(mr->base.access & (write ? TERN_ACCESS_REMOTE_WRITE : TERN_ACCESS_REMOTE_READ)))
@@ -1440,12 +1564,13 @@ static const char *served_check(ucx_tp_t *tp, uint32_t reg, uint64_t raddr, uint
 }
 
 /* Answer on the endpoint a served request came on (from am_cb: UCX promises
- * that endpoint only there): a reply of type, its token, its status, and
- * data[0..len) as its payload. A header-only reply UCX takes at once needs
- * no memory of ours; anything else keeps its header until sent. */
+ * that endpoint only there): a reply of type, its token, its status, and,
+ * when mr is not NULL, data[0..len) of that registration and the status
+ * trailer as its payload. A header-only reply UCX takes at once needs no
+ * memory of ours; anything else keeps its header until sent. */
 static void serve_reply(ucx_tp_t *tp, const ucp_am_recv_param_t *param, uint8_t type,
-                        uint32_t token, tern_status_t st, uint64_t hlen, const void *data,
-                        size_t len)
+                        uint32_t token, tern_status_t st, uint64_t hlen, ucx_mr_t *mr,
+                        const void *data, size_t len)
 {
     uint8_t h[MSG_HDR_LEN];
     ucp_request_param_t p = {
@@ -1457,7 +1582,7 @@ static void serve_reply(ucx_tp_t *tp, const ucp_am_recv_param_t *param, uint8_t 
 
     hdr_fill(h, type, 0, tp->base.self_id, 0, 0, token, hlen);
     tern__put_le32(h + 20, (uint32_t)(int32_t)st);
-    if (len == 0) {
+    if (mr == NULL) {
         p.op_attr_mask |= UCP_OP_ATTR_FLAG_FORCE_IMM_CMPL;
         sp = ucp_am_send_nbx(param->reply_ep, AM_ID, h, MSG_HDR_LEN, NULL, 0, &p);
         if (sp == NULL)
@@ -1469,7 +1594,7 @@ static void serve_reply(ucx_tp_t *tp, const ucp_am_recv_param_t *param, uint8_t 
         }
         p.op_attr_mask &= ~(uint32_t)UCP_OP_ATTR_FLAG_FORCE_IMM_CMPL;
     }
-    get_reply_t *r = malloc(sizeof(*r));
+    get_reply_t *r = calloc(1, sizeof(*r));
     if (r == NULL) {
         /* The requester waits until its endpoint goes: as if the reply were lost. */
         tern_warn("ucx: no memory to answer a peer's %s of %llu bytes",
@@ -1477,15 +1602,24 @@ static void serve_reply(ucx_tp_t *tp, const ucp_am_recv_param_t *param, uint8_t 
         return;
     }
     memcpy(r->hdr, h, MSG_HDR_LEN);
+    link_init(&r->link);
     p.op_attr_mask |= UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
     p.cb.send = reply_sent_cb;
     p.user_data = r;
-    sp = ucp_am_send_nbx(param->reply_ep, AM_ID, r->hdr, MSG_HDR_LEN, len > 0 ? data : NULL, len,
-                         &p);
+    if (mr != NULL) {
+        r->src = data;
+        r->len = len;
+        link_add_tail(&mr->replies, &r->link);
+        p.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
+        p.datatype = tp->reply_dt;
+    }
+    sp = ucp_am_send_nbx(param->reply_ep, AM_ID, r->hdr, MSG_HDR_LEN, mr != NULL ? r : NULL,
+                         mr != NULL ? 1 : 0, &p);
     if (!UCS_PTR_IS_PTR(sp)) {
         if (UCS_PTR_IS_ERR(sp))
             tern_debug("ucx: a reply (type %u) not sent: %s", type,
                        ucs_status_string(UCS_PTR_STATUS(sp)));
+        link_del(&r->link);
         free(r);
     }
 }
@@ -1520,12 +1654,15 @@ static void serve_get(ucx_tp_t *tp, const uint8_t *h, const ucp_am_recv_param_t 
     const uint32_t src = tern__get_le32(h + 4), token = tern__get_le32(h + 16);
     const uint32_t reg = tern__get_le32(h + 40);
     const uint64_t len = tern__get_le64(h + 24), raddr = tern__get_le64(h + 32);
-    const char *why = served_check(tp, reg, raddr, len, false);
+    ucx_mr_t *mr = NULL;
+    const char *why = len == 0 ? "a get of no bytes is never sent"
+                               : served_check(tp, reg, raddr, len, false, &mr);
 
     if (!served_reply_ep(param, h))
         return;
     serve_reply(tp, param, MSG_GET_REPLY, token, why == NULL ? TERN_OK : TERN_ERR_ACCESS,
-                why == NULL ? len : 0, (const void *)(uintptr_t)raddr, why == NULL ? len : 0);
+                why == NULL ? len : 0, why == NULL ? mr : NULL, (const void *)(uintptr_t)raddr,
+                why == NULL ? len : 0);
     if (why != NULL) {
         tern_debug("ucx: refused peer %u's get of %llu bytes at %#llx (registration %u): %s", src,
                    (unsigned long long)len, (unsigned long long)raddr, reg, why);
@@ -1545,14 +1682,14 @@ static void serve_put(ucx_tp_t *tp, const uint8_t *h, const void *data, size_t l
     const uint64_t len = tern__get_le64(h + 24), raddr = tern__get_le64(h + 32);
     const uint64_t total = tern__get_le64(h + 48);
     const char *why = len != length ? "its length is not its header's"
-                                    : served_check(tp, reg, raddr, len, true);
+                                    : served_check(tp, reg, raddr, len, true, NULL);
 
     if (!served_reply_ep(param, h))
         return;
     if (why == NULL && len > 0)
         memcpy((void *)(uintptr_t)raddr, data, len);
     serve_reply(tp, param, MSG_PUT_ACK, token, why == NULL ? TERN_OK : TERN_ERR_ACCESS, len,
-                NULL, 0);
+                NULL, NULL, 0);
     if (why == NULL)
         return;
     if (tp->refused_any && tp->refused_src == src && tp->refused_token == token)
@@ -1565,14 +1702,29 @@ static void serve_put(ucx_tp_t *tp, const uint8_t *h, const void *data, size_t l
     refusal_add(tp, src, flags & MSGF_IMM, imm, total);
 }
 
+/* A get reply's trailer (trailer: its REPLY_TRAILER_LEN bytes) says
+ * whether its bytes are the region's: the get fails if not. */
+static void reply_trailer(ucx_op_t *op, const uint8_t *trailer)
+{
+    const tern_status_t st = (tern_status_t)(int32_t)tern__get_le32(trailer);
+
+    if (st != TERN_OK && op->fail == TERN_OK) {
+        tern_debug("ucx: peer %u unregistered the region of a get while answering it: failed",
+                   op->ep != NULL ? op->ep->base.peer : 0u);
+        op->fail = st == TERN_ERR_ACCESS ? TERN_ERR_ACCESS : TERN_ERR_PROTOCOL;
+    }
+}
+
 /* The rendezvous receive of a reply finished. */
 static void get_recv_cb(void *request, ucs_status_t status, size_t length, void *arg)
 {
     ucx_op_t *op = arg;
 
     op->recv_cb_ran = true;
-    if (status == UCS_OK && length != op->len)
+    if (status == UCS_OK && length != op->len + REPLY_TRAILER_LEN)
         status = UCS_ERR_MESSAGE_TRUNCATED;
+    if (status == UCS_OK)
+        reply_trailer(op, op->rtrailer);
     op_request_done(op, request, status);
 }
 
@@ -1593,21 +1745,28 @@ static void get_reply(ucx_tp_t *tp, const uint8_t *h, void *data, size_t length,
     get_unlist(op);
     if (st != TERN_OK) {
         op->fail = st == TERN_ERR_ACCESS ? TERN_ERR_ACCESS : TERN_ERR_PROTOCOL;
-    } else if (length != op->len) {
-        tern_warn("ucx: peer %u answered a get of %llu bytes with %zu: failed", src,
-                  (unsigned long long)op->len, length);
+    } else if (length != op->len + REPLY_TRAILER_LEN) {
+        tern_warn("ucx: peer %u answered a get of %llu bytes with %zu (%u of them its "
+                  "trailer's due): failed",
+                  src, (unsigned long long)op->len, length, REPLY_TRAILER_LEN);
         op->fail = TERN_ERR_PROTOCOL;
     } else if (rndv) {
+        /* The bytes go into place, the trailer beside them. */
         ucp_request_param_t p = {
-            .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
+            .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                            UCP_OP_ATTR_FIELD_DATATYPE,
             .cb.recv_am = get_recv_cb,
             .user_data = op,
+            .datatype = ucp_dt_make_iov(),
         };
+        op->riov[0] = (ucp_dt_iov_t){.buffer = op->lbuf, .length = op->len};
+        op->riov[1] = (ucp_dt_iov_t){.buffer = op->rtrailer, .length = REPLY_TRAILER_LEN};
         op->pending++;
         op->recv_cb_ran = false;
-        ucs_status_ptr_t sp = ucp_am_recv_data_nbx(tp->worker, data, op->lbuf, length, &p);
+        ucs_status_ptr_t sp = ucp_am_recv_data_nbx(tp->worker, data, op->riov, 2, &p);
         if (sp == NULL) {
             op->pending--;
+            reply_trailer(op, op->rtrailer);
         } else if (UCS_PTR_IS_ERR(sp)) {
             op->pending--;
             if (op->ustatus == UCS_OK)
@@ -1617,8 +1776,11 @@ static void get_reply(ucx_tp_t *tp, const uint8_t *h, void *data, size_t length,
              * the same: see rndv_start.) */
             op->reqs[op->reqs[0] == NULL ? 0 : 1] = sp;
         }
-    } else if (length > 0) {
-        memcpy(op->lbuf, data, length);
+    } else {
+        const uint8_t *d = data;
+        reply_trailer(op, d + op->len);
+        if (op->fail == TERN_OK)
+            memcpy(op->lbuf, d, op->len);
     }
     op_maybe_settle(op);
 }
@@ -3479,6 +3641,7 @@ static tern_status_t ucx_mr_reg(tern_transport_t *btp, void *addr, size_t len,
         return tern__error(TERN_ERR_NO_MEMORY, "ucx: no memory for a registration");
     mr->tp = tp;
     mr->id = ++tp->next_reg_id;
+    link_init(&mr->replies);
     if (len == 0)
         goto done; /* an empty region: nothing for UCX to map */
 
@@ -3539,6 +3702,7 @@ static void ucx_mr_dereg(tern_mr_t *bmr)
     ucx_mr_t *mr = to_ucx_mr(bmr);
 
     HASH_DEL(mr->tp->mr_by_id, mr); /* gets that name it from now on are refused */
+    replies_revoke(mr);             /* and those under way read no more of it */
     if (mr->rkey_buf != NULL)
         ucp_rkey_buffer_release(mr->rkey_buf);
     if (mr->memh != NULL)
@@ -3895,6 +4059,8 @@ static void tp_fini(ucx_tp_t *tp, bool keep_worker)
     }
     HASH_CLEAR(hh, tp->awaited);     /* every op left it as it completed: the table's own memory */
     HASH_CLEAR(hh, tp->mr_by_id); /* likewise with tern__tp_release_mrs */
+    if (tp->has_reply_dt && !keep_worker)
+        ucp_dt_destroy(tp->reply_dt); /* after the worker: its purge finishes our replies */
     if (tp->ctx != NULL && !keep_worker)
         ucp_cleanup(tp->ctx);
     free(tp->buckets);
@@ -3987,6 +4153,11 @@ static tern_status_t ucx_open(const tern__tp_config_t *cfg, tern_transport_t **t
                           "ucx: ucp_worker_create: %s", ucs_status_string(st));
         goto out;
     }
+    if ((st = ucp_dt_create_generic(&reply_dt_ops, NULL, &tp->reply_dt)) != UCS_OK) {
+        ret = tern__error(status_of(st), "ucx: ucp_dt_create_generic: %s", ucs_status_string(st));
+        goto out;
+    }
+    tp->has_reply_dt = true;
 
     memset(&am, 0, sizeof(am));
     am.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
