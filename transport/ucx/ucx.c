@@ -4124,10 +4124,22 @@ static tern_status_t ucx_open(const tern__tp_config_t *cfg, tern_transport_t **t
      * zero-copy speed; in 64 KiB ones (a memcpy, then a send per 64 KiB) at
      * about the same (docs/transport-ucx.md). */
     ucx_config_default(config, "UCX_ZCOPY_THRESH", "ZCOPY_THRESH", "inf");
-    const char *tls = getenv("UCX_TLS");
+    const char *tls = getenv("UCX_TLS"), *zt = getenv("UCX_ZCOPY_THRESH");
+    const bool tcp_in = tls == NULL || (tls[0] == '^' ? strstr(tls, "tcp") == NULL
+                                                      : strstr(tls, "tcp") != NULL ||
+                                                            strstr(tls, "all") != NULL);
+    unsigned umajor, uminor, urelease;
+    ucp_get_version(&umajor, &uminor, &urelease);
+    /* The user's setting stands, with its risk said once per transport. */
+    if (tcp_in && zt != NULL && strcmp(zt, "inf") != 0 &&
+        (umajor < 1 || (umajor == 1 && uminor <= 13)))
+        tern_warn("ucx: UCX_ZCOPY_THRESH=%s (yours): UCX %u.%u's tcp may abort this process "
+                  "when a peer dies while a zero-copy message is on its way to it; tern sets "
+                  "it to inf when it is not set (docs/transport-ucx.md, \"Known UCX 1.13 "
+                  "faults\")",
+                  zt, umajor, uminor);
     /* Only where tcp may be in: UCX warns of a key no transport took. */
-    if (tls == NULL || (tls[0] == '^' ? strstr(tls, "tcp") == NULL
-                                      : strstr(tls, "tcp") != NULL || strstr(tls, "all") != NULL))
+    if (tcp_in)
         ucx_config_default(config, "UCX_TCP_TX_SEG_SIZE", "TX_SEG_SIZE", "64k");
 
     memset(&params, 0, sizeof(params));
