@@ -135,11 +135,19 @@ static tern_status_t serve_store(tern_ctx_t *ctx, const char *addr, unsigned por
     return tern_store_server_start(NULL, port, ctx->world_size, &ctx->server);
 }
 
-static tern_status_t host_name(char *host, size_t size)
+/* The host name, read at the first call of an init (host[0] == '\0'): both
+ * counts below key on it, and must key on the same one. */
+#define HOST_MAX 256
+
+static tern_status_t host_name(char *host)
 {
-    if (gethostname(host, size) != 0)
+    if (host[0] != '\0')
+        return TERN_OK;
+    if (gethostname(host, HOST_MAX) != 0) {
+        host[0] = '\0';
         return tern__error_errno(TERN_ERR_IO, errno, "gethostname");
-    host[size - 1] = '\0';
+    }
+    host[HOST_MAX - 1] = '\0';
     return TERN_OK;
 }
 
@@ -147,15 +155,15 @@ static tern_status_t host_name(char *host, size_t size)
  * Fill in local rank and local world size where no launcher gave them: ranks
  * count themselves per host name in the store.
  */
-static tern_status_t discover_local(tern_ctx_t *ctx, ids_t *ids)
+static tern_status_t discover_local(tern_ctx_t *ctx, ids_t *ids, char *host)
 {
-    char host[256], key[512];
+    char key[HOST_MAX + 32];
     int64_t n;
     tern_status_t st;
 
     if (ids->local_rank != TERN__UNSET && ids->local_world_size != TERN__UNSET)
         return TERN_OK;
-    if ((st = host_name(host, sizeof(host))) != TERN_OK)
+    if ((st = host_name(host)) != TERN_OK)
         return st;
     snprintf(key, sizeof(key), "tern/local/%s", host);
     if ((st = tern_store_add(ctx->store, key, 1, &n)) != TERN_OK)
@@ -210,9 +218,9 @@ static bool affinity_digest(uint64_t *digest)
  * before anything was counted; a smaller group numbers itself by arrival.
  * *size 0: unknown (the affinity could not be read).
  */
-static tern_status_t count_sharers(tern_ctx_t *ctx, unsigned *index, unsigned *size)
+static tern_status_t count_sharers(tern_ctx_t *ctx, char *host, unsigned *index, unsigned *size)
 {
-    char host[256], key[512];
+    char key[HOST_MAX + 48];
     uint64_t digest = 0;
     bool known = affinity_digest(&digest);
     int64_t n, total;
@@ -221,7 +229,7 @@ static tern_status_t count_sharers(tern_ctx_t *ctx, unsigned *index, unsigned *s
     *index = *size = 0;
     if (ctx->world_size == 1)
         return TERN_OK;
-    if ((st = host_name(host, sizeof(host))) != TERN_OK)
+    if ((st = host_name(host)) != TERN_OK)
         return st;
     if (known)
         snprintf(key, sizeof(key), "tern/affinity/%s/%016" PRIx64, host, digest);
@@ -288,11 +296,11 @@ static tern_status_t setup_store(tern_ctx_t *ctx, const tern_init_params_t *p)
     return st;
 }
 
-static tern_status_t start_pool(tern_ctx_t *ctx, const tern_init_params_t *p)
+static tern_status_t start_pool(tern_ctx_t *ctx, const tern_init_params_t *p, char *host)
 {
     const uint64_t m = p ? p->field_mask : 0;
     unsigned share_rank, share_size;
-    tern_status_t st = count_sharers(ctx, &share_rank, &share_size);
+    tern_status_t st = count_sharers(ctx, host, &share_rank, &share_size);
     if (st != TERN_OK)
         return st;
     tern_pool_params_t pp = {
@@ -340,6 +348,7 @@ tern_status_t tern__ctx_bootstrap(const tern_init_params_t *params, tern_ctx_t *
 {
     tern_ctx_t *ctx;
     ids_t ids;
+    char host[HOST_MAX] = "";
     tern_status_t st;
     char detail[TERN__ERROR_MAX];
 
@@ -368,11 +377,11 @@ tern_status_t tern__ctx_bootstrap(const tern_init_params_t *params, tern_ctx_t *
 
     if ((st = setup_store(ctx, params)) != TERN_OK)
         goto fail;
-    if ((st = discover_local(ctx, &ids)) != TERN_OK)
+    if ((st = discover_local(ctx, &ids, host)) != TERN_OK)
         goto fail;
     ctx->local_rank = (unsigned)ids.local_rank;
     ctx->local_world_size = (unsigned)ids.local_world_size;
-    if ((st = start_pool(ctx, params)) != TERN_OK)
+    if ((st = start_pool(ctx, params, host)) != TERN_OK)
         goto fail;
     *ctx_out = ctx;
     return TERN_OK;
