@@ -482,9 +482,36 @@ void tern__prof_capture_handler(tern__prof_capture_t *c, const char *name, int64
 
 /* ---- ranges ---- */
 
-/* Handles: the session generation above, the record's index below; in a
- * capture, the top bit is set and the index is the capture's. */
+/* Handles: the owning thread's number, the session generation's low bits
+ * and the record's index + 1; in a capture, the top bit is set, no
+ * generation, and the index is the capture's. The owner makes a handle
+ * ended on another thread than its begin one that names nothing there (the
+ * index alone named that thread's record at the same place). */
 #define H_CAPTURE (1ull << 63)
+#define H_OWNER_SHIFT 40
+#define H_OWNER_MASK 0x7fffffull
+#define H_GEN_SHIFT 24
+#define H_GEN_MASK 0xffffull
+#define H_INDEX_MASK 0xffffffull
+_Static_assert((uint64_t)TERN__PROF_CHUNK * TERN__PROF_CHUNKS < H_INDEX_MASK &&
+                   CAPTURE_MAX < H_INDEX_MASK,
+               "a record's index + 1 fits its field");
+
+static atomic_uint next_owner;
+static _Thread_local uint64_t tl_owner; /* this thread's number, 1..H_OWNER_MASK; 0 unset */
+
+/* This thread's number, in place in a handle. Numbers wrap past 8M threads. */
+static inline uint64_t owner_bits(void)
+{
+    if (tl_owner == 0)
+        tl_owner = atomic_fetch_add_explicit(&next_owner, 1, memory_order_relaxed) % H_OWNER_MASK + 1;
+    return tl_owner << H_OWNER_SHIFT;
+}
+
+static inline bool handle_foreign(tern_prof_range_t h)
+{
+    return (h & (H_OWNER_MASK << H_OWNER_SHIFT)) != owner_bits();
+}
 
 /* range_begin sets each field of a record itself, as buf_append does not
  * zero it (GCC's inline memset of it costs a third of the range): a field
@@ -509,7 +536,7 @@ static tern_prof_range_t range_begin(const char *name, unsigned kind)
             r->start = now();
         }
         pthread_mutex_unlock(&c->lock);
-        return r != NULL ? (H_CAPTURE | ((uint64_t)i + 1)) : 0;
+        return r != NULL ? (H_CAPTURE | owner_bits() | ((uint64_t)i + 1)) : 0;
     }
     if (!atomic_load_explicit(&tern__prof_on, memory_order_acquire))
         return 0;
@@ -534,17 +561,17 @@ static tern_prof_range_t range_begin(const char *name, unsigned kind)
     r->shapes = NULL;
     r->start = buf_tick(b, ticks());
     buf_publish(b, i);
-    return (uint64_t)b->gen << 32 | (uint64_t)(i + 1);
+    return owner_bits() | ((uint64_t)b->gen & H_GEN_MASK) << H_GEN_SHIFT | (uint64_t)(i + 1);
 }
 
 static tern__prof_rec_t *range_rec(tern_prof_range_t h, tern__prof_capture_t **locked)
 {
     *locked = NULL;
-    if (h == 0)
+    if (h == 0 || handle_foreign(h))
         return NULL;
     if (h & H_CAPTURE) {
         tern__prof_capture_t *c = tern__prof_tl_capture;
-        size_t i = (size_t)(h & 0xffffffffu) - 1;
+        size_t i = (size_t)(h & H_INDEX_MASK) - 1;
         if (c == NULL)
             return NULL;
         pthread_mutex_lock(&c->lock);
@@ -556,8 +583,8 @@ static tern__prof_rec_t *range_rec(tern_prof_range_t h, tern__prof_capture_t **l
         return &c->recs[i];
     }
     tern__prof_buf_t *b = tl_buf;
-    size_t i = (size_t)(h & 0xffffffffu) - 1;
-    if (b == NULL || b->gen != (unsigned)(h >> 32) ||
+    size_t i = (size_t)(h & H_INDEX_MASK) - 1;
+    if (b == NULL || (b->gen & H_GEN_MASK) != ((h >> H_GEN_SHIFT) & H_GEN_MASK) ||
         i >= atomic_load_explicit(&b->count, memory_order_relaxed))
         return NULL;
     return tern__prof_buf_at(b, i);
@@ -579,17 +606,22 @@ void tern_prof_range_end(tern_prof_range_t h)
 {
     if (h == 0)
         return;
+    if (handle_foreign(h)) {
+        static atomic_bool said;
+        if (!atomic_exchange(&said, true))
+            tern_warn("tern_prof_range_end: the range was begun on another thread; ignored "
+                      "(a range ends on the thread that began it; said once)");
+        return;
+    }
     int64_t t = (h & H_CAPTURE) ? now() : ticks();
     tern__prof_capture_t *locked;
     tern__prof_rec_t *r = range_rec(h, &locked);
     if (r != NULL && atomic_load_explicit(&r->end, memory_order_relaxed) != 0) {
-        /* Ended twice, or ended on another thread than its begin, whose
-         * handle then names one of this thread's ranges: rewriting an end
-         * gave it a made-up length (a 10 ms range recorded as 210 ms). */
+        /* Ended twice: rewriting an end gave it a made-up length (a 10 ms
+         * range recorded as 210 ms). */
         static atomic_bool said;
         if (!atomic_exchange(&said, true))
-            tern_warn("tern_prof_range_end: the range had ended already (ended twice, or on "
-                      "another thread than its begin); ignored (said once)");
+            tern_warn("tern_prof_range_end: the range had ended already; ignored (said once)");
         r = NULL;
     }
     if (r != NULL) {

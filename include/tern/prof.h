@@ -96,7 +96,8 @@ typedef uint64_t tern_prof_range_t;
 
 /*
  * Open a range on this thread (name is copied). Ranges nest; each is closed
- * by tern_prof_range_end, on the same thread. Costs one clock read and a few
+ * by tern_prof_range_end, on the same thread (a handle ended on another
+ * thread, or twice, is ignored with a warning). Costs one clock read and a few
  * stores when on, a load and a branch when off.
  */
 TERN_API tern_prof_range_t tern_prof_range_begin(const char *name);

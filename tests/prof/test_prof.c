@@ -795,6 +795,39 @@ static void test_end_twice(void **state)
     assert_true(the("next")->end_ns - the("next")->start_ns >= 20 * 1000 * 1000);
 }
 
+/* A range begun on another thread (other_range) and ended on this one: its
+ * handle names a record of that thread's buffer, and the record at the same
+ * index in this thread's was ended in its place (a range open 20 ms recorded
+ * as a few us). It is ignored now, with a warning. */
+static void *other_range(void *arg)
+{
+    tern_prof_range_t *h = arg;
+    *h = tern_prof_range_begin("other thread's");
+    tern_prof_range_end(*h);
+    return NULL;
+}
+
+static void test_end_on_other_thread(void **state)
+{
+    (void)state;
+    start(0);
+    /* This thread's first range of the session, at the index the other
+     * thread's first one has in its buffer. */
+    tern_prof_range_t mine = tern_prof_range_begin("mine");
+    tern_prof_range_t theirs = 0;
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, other_range, &theirs), 0);
+    assert_int_equal(pthread_join(t, NULL), 0);
+    assert_true(theirs != 0);
+    tern_prof_range_end(theirs); /* the wrong thread */
+    struct timespec nap = {0, 20 * 1000 * 1000};
+    nanosleep(&nap, NULL);
+    tern_prof_range_end(mine);
+    stop();
+    assert_true(the("mine")->end_ns - the("mine")->start_ns >= 20 * 1000 * 1000);
+    assert_non_null(the("other thread's"));
+}
+
 /* tern_finalize with a session running on its context stops the session
  * (which kept the freed context: tern_prof_stop afterwards read it); the
  * results stay readable, and a later stop says no session runs. */
@@ -825,6 +858,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_finalize_running),
         cmocka_unit_test(test_end_twice),
+        cmocka_unit_test(test_end_on_other_thread),
         cmocka_unit_test(test_session_errors),
         cmocka_unit_test(test_off),
         cmocka_unit_test(test_nesting),
