@@ -1243,7 +1243,7 @@ static void test_put_imm_order(void **state)
  * the parent's region, then it stops reading (and is killed). It reports by
  * exit status only: cmocka's asserts belong to the parent. */
 static void getter_child(const uint8_t *addr, size_t alen, const uint8_t *key, size_t klen,
-                         size_t len, unsigned n, int up)
+                         size_t len, unsigned n, int up, int back)
 {
     tern_transport_params_t params = {
         .field_mask = TERN_TRANSPORT_PARAM_PROVIDER | TERN_TRANSPORT_PARAM_SELF_ID,
@@ -1262,6 +1262,19 @@ static void getter_child(const uint8_t *addr, size_t alen, const uint8_t *key, s
         tern_rkey_unpack(ep, key, klen, &rk) != TERN_OK ||
         tern_mr_reg(tp, mem, n * len, NULL, &mr) != TERN_OK)
         _exit(2);
+    if (back >= 0) {
+        /* The parent connects back, as every rank of a job does. */
+        uint8_t mine[TERN_ADDR_MAX];
+        size_t mlen = sizeof(mine);
+        uint32_t l32;
+        char go;
+        if (tern_transport_address(tp, mine, &mlen) != TERN_OK)
+            _exit(5);
+        l32 = (uint32_t)mlen;
+        if (write(up, &l32, sizeof(l32)) != sizeof(l32) || write(up, mine, mlen) != (ssize_t)mlen ||
+            read(back, &go, 1) != 1)
+            _exit(6);
+    }
     tern_op_params_t op = {.field_mask = TERN_OP_PARAM_MR, .mr = mr};
     for (unsigned i = 0; i < n; i++) {
         tern_status_t st = tern_ep_get(ep, mem + i * len, len, tern_rkey_addr(rk), rk, &op);
@@ -1276,12 +1289,19 @@ static void getter_child(const uint8_t *addr, size_t alen, const uint8_t *key, s
         pause(); /* reads nothing more: the answers queue up at the parent */
 }
 
-/* A peer on this host that dies with gets in flight that our UCX answers
- * itself (UCX's emulated gets, TERN_UCX_CMA=0) leaves answers queued for
- * it, which UCX 1.13 cannot purge without crashing (docs/transport-ucx.md,
+enum gets_queued_peer {
+    PEER_DIES,            /* killed once answers queue up for it */
+    PEER_STOPS,           /* stays alive, reading nothing, while we close */
+    PEER_STOPS_CONNECTED, /* the same, with our endpoint to it as well */
+};
+
+/* A peer on this host that stops reading with gets in flight that our UCX
+ * answers itself (UCX's emulated gets, TERN_UCX_CMA=0) leaves answers queued
+ * for it, which UCX 1.13 cannot purge without crashing (docs/transport-ucx.md,
  * "Known UCX 1.13 faults"). Told by the peer's notice channel hanging up
- * unannounced, the target parks its worker at close, and closes. */
-static void test_peer_dies_with_gets_queued(void **state)
+ * unannounced, or finding at close that the peer does not answer, the target
+ * parks its worker at close, and closes. */
+static void gets_queued(enum gets_queued_peer how)
 {
     static side_t b;
     const size_t len = 4u << 20;
@@ -1290,10 +1310,10 @@ static void test_peer_dies_with_gets_queued(void **state)
     size_t alen = sizeof(addr), klen = sizeof(key);
     tern_transport_attr_t at;
     tern_mr_t *mr = NULL;
-    int up[2];
+    tern_ep_t *back_ep = NULL;
+    int up[2], back[2] = {-1, -1};
     char c;
 
-    (void)state;
     memset(&b, 0, sizeof(b));
     b.tp = open_ucx(1, &b, 0);
     tern_transport_query(b.tp, &at);
@@ -1308,14 +1328,32 @@ static void test_peer_dies_with_gets_queued(void **state)
     assert_int_equal(tern_mr_pack(mr, key, &klen), TERN_OK);
     assert_int_equal(tern_transport_address(b.tp, addr, &alen), TERN_OK);
     assert_int_equal(pipe(up), 0);
+    if (how == PEER_STOPS_CONNECTED)
+        assert_int_equal(pipe(back), 0);
     fflush(NULL);
     pid_t pid = fork();
     assert_true(pid >= 0);
     if (pid == 0) {
         close(up[0]);
-        getter_child(addr, alen, key, klen, len, n, up[1]);
+        if (back[1] >= 0)
+            close(back[1]);
+        getter_child(addr, alen, key, klen, len, n, up[1], back[0]);
     }
     close(up[1]);
+    if (how == PEER_STOPS_CONNECTED) {
+        uint8_t theirs[TERN_ADDR_MAX];
+        uint32_t l32 = 0;
+        close(back[0]);
+        if (read(up[0], &l32, sizeof(l32)) != sizeof(l32) || l32 > sizeof(theirs) ||
+            read(up[0], theirs, l32) != (ssize_t)l32) {
+            kill(pid, SIGKILL);
+            waitpid(pid, NULL, 0);
+            fail_msg("the child did not send its address");
+        }
+        assert_int_equal(tern_ep_create(b.tp, 0, theirs, l32, &back_ep), TERN_OK);
+        assert_int_equal(write(back[1], "!", 1), 1);
+        close(back[1]);
+    }
     /* Answer the gets until the child has posted them all and stopped. */
     struct pollfd pfd = {.fd = up[0], .events = POLLIN};
     uint64_t until = tern_clock_ns() + 60 * SEC;
@@ -1337,20 +1375,46 @@ static void test_peer_dies_with_gets_queued(void **state)
     until = tern_clock_ns() + SEC / 5; /* more answers, into a FIFO no one reads */
     while (tern_clock_ns() < until)
         tern_transport_progress(b.tp);
-    assert_int_equal(kill(pid, SIGKILL), 0);
     int status = 0;
-    assert_int_equal(waitpid(pid, &status, 0), pid);
-    assert_true(WIFSIGNALED(status));
-    until = tern_clock_ns() + 10 * SEC;
-    while (!tern__ucx_parks_at_close(b.tp)) {
-        if (tern_clock_ns() > until)
-            fail_msg("the dead peer went unnoticed");
-        tern_transport_progress(b.tp);
+    if (how == PEER_DIES) {
+        assert_int_equal(kill(pid, SIGKILL), 0);
+        assert_int_equal(waitpid(pid, &status, 0), pid);
+        assert_true(WIFSIGNALED(status));
+        until = tern_clock_ns() + 10 * SEC;
+        while (!tern__ucx_parks_at_close(b.tp)) {
+            if (tern_clock_ns() > until)
+                fail_msg("the dead peer went unnoticed");
+            tern_transport_progress(b.tp);
+        }
     }
     tern_mr_dereg(mr);
+    const uint64_t t0 = tern_clock_ns();
     tern_transport_close(b.tp); /* parked: no purge of the queued answers */
+    print_message("closed in %.1f ms\n", (double)(tern_clock_ns() - t0) / 1e6);
+    if (how != PEER_DIES) {
+        assert_int_equal(kill(pid, SIGKILL), 0);
+        assert_int_equal(waitpid(pid, &status, 0), pid);
+    }
     forget_events(&b);
     free(mem);
+}
+
+static void test_peer_dies_with_gets_queued(void **state)
+{
+    (void)state;
+    gets_queued(PEER_DIES);
+}
+
+static void test_peer_stops_with_gets_queued(void **state)
+{
+    (void)state;
+    gets_queued(PEER_STOPS);
+}
+
+static void test_peer_stops_with_gets_queued_connected(void **state)
+{
+    (void)state;
+    gets_queued(PEER_STOPS_CONNECTED);
 }
 
 int main(void)
@@ -1375,6 +1439,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_lost_peer_get_wakes_fd, setup, teardown),
         cmocka_unit_test_setup_teardown(test_put_imm_order, setup, teardown),
         cmocka_unit_test(test_peer_dies_with_gets_queued),
+        cmocka_unit_test(test_peer_stops_with_gets_queued),
+        cmocka_unit_test(test_peer_stops_with_gets_queued_connected),
     };
     return cmocka_run_group_tests_name("ucx_smoke", tests, NULL, NULL);
 }

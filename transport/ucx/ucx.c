@@ -512,13 +512,16 @@ int tern__ucx_parks_at_close(tern_transport_t *tp)
     return to_ucx_tp(tp)->peer_unread || !link_empty(&to_ucx_tp(tp)->zombie_eps);
 }
 
-/* Tests only: whether gets and puts on this endpoint are served by the target's
- * tern (serve_get, serve_put). */
-int tern__ucx_serves_rma(tern_ep_t *ep);
+/* Tests only: whether host-memory gets and puts of len bytes on this
+ * endpoint are served by the target's tern (serve_get, serve_put), not left
+ * to UCX or copied by cma_copy. */
+int tern__ucx_serves_rma(tern_ep_t *ep, size_t len);
 
-int tern__ucx_serves_rma(tern_ep_t *ep)
+int tern__ucx_serves_rma(tern_ep_t *ep, size_t len)
 {
-    return to_ucx_ep(ep)->served;
+    const ucx_ep_t *uep = to_ucx_ep(ep);
+
+    return uep->served && !(uep->cma_pid > 0 && len >= uep->tp->cma_min);
 }
 
 /* ---- status ---- */
@@ -3234,10 +3237,10 @@ static tern_status_t ucx_ep_create(tern_transport_t *btp, uint32_t peer, const v
                           "ucx: ucp_ep_create to peer %u: %s", peer, ucs_status_string(st));
         goto out;
     }
-    /* Over shared memory (no peer error handling) UCX's gets are its own
-     * copies, pipelined through the FIFO, or tern's cma_copy: faster there
-     * than serving them (docs/transport-ucx.md). */
-    ep->served = tp->served_rma && ep->peer_mode;
+    /* Shared memory too: UCX's own answers there read a raw address with no
+     * check, whatever its region has become, and crash its purge at close
+     * (docs/transport-ucx.md). What cma_copy takes is not served. */
+    ep->served = tp->served_rma;
     if (!ep->peer_mode && (tern__get_le32(a + 20) & ADDR_F_NOTICE))
         ep_notice_connect(ep, tern__get_le32(a + 24), tern__get_le64(a + 32));
     link_add_tail(&tp->eps, &ep->link);
@@ -3511,8 +3514,6 @@ static tern_status_t ucx_put(tern_ep_t *bep, const void *buf, size_t len, uint64
         return st;
     if (len == 0 && !has_imm)
         return TERN_OK;
-    if (ep->served && rk->host && mem_type_of(params) == UCS_MEMORY_TYPE_HOST)
-        return put_request(ep, buf, len, raddr, rk, params, has_imm);
     if (len > 0 && cma_usable(ep, rk, len, params)) {
         st = cma_copy(ep, (void *)buf, len, raddr, true);
         if (st == TERN_OK && !has_imm)
@@ -3522,6 +3523,8 @@ static tern_status_t ucx_put(tern_ep_t *bep, const void *buf, size_t len, uint64
         else if (st != TERN_ERR_UNSUPPORTED)
             return st;
     }
+    if (!moved && ep->served && rk->host && mem_type_of(params) == UCS_MEMORY_TYPE_HOST)
+        return put_request(ep, buf, len, raddr, rk, params, has_imm);
     if ((op = op_new(ep->tp, ep, has_imm ? OP_PUT_IMM : OP_PUT, params)) == NULL)
         return tern__error(TERN_ERR_NO_MEMORY, "tern_ep_put: no memory for the operation");
     op->imm = has_imm ? params->imm : 0;
