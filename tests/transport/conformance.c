@@ -15,6 +15,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -795,6 +796,49 @@ static void test_revoked_key(void **state)
                    "get with a revoked key");
     region_free(&local);
     region_free(&remote);
+}
+
+/* A key whose region was unregistered and its pages unmapped: a get or put
+ * with it is refused (TERN_ERR_ACCESS at both ends) where the target takes
+ * part, and the target lives. Where UCX answered gets on shared memory itself
+ * it read the raw address: SIGSEGV in the target. */
+static void test_unmapped_region(void **state)
+{
+    pair_t *p = *state;
+    const size_t len = 64 * 1024;
+    region_t local, remote;
+    uint8_t key[TERN_RKEY_MAX];
+    size_t klen = sizeof(key);
+    tern_mr_params_t mp = {.field_mask = TERN_MR_PARAM_ACCESS | TERN_MR_PARAM_NO_CACHE,
+                           .access = RW};
+    if (strcmp(provider, "ucx") == 0) {
+#ifdef TERN_HAVE_UCX
+        if (!tern__ucx_serves_rma(p->a.ep, len))
+            skip();
+#else
+        skip();
+#endif
+    }
+    region_make(p, &local, len, RW, 0);
+    uint8_t *mem = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    assert_true(mem != MAP_FAILED);
+    memset(mem, 0x3c, len);
+    remote.len = len;
+    remote.mem = mem;
+    assert_int_equal(tern_mr_reg(p->b.tp, mem, len, &mp, &remote.mr), TERN_OK);
+    assert_int_equal(tern_mr_pack(remote.mr, key, &klen), TERN_OK);
+    assert_int_equal(tern_rkey_unpack(p->a.ep, key, klen, &remote.rkey), TERN_OK);
+    assert_int_equal(get_wait(p, &p->a, &local, 0, &remote, 0, len), TERN_OK);
+    assert_int_equal(local.mem[len - 1], 0x3c);
+    tern_mr_dereg(remote.mr);
+    remote.mr = NULL;
+    assert_int_equal(munmap(mem, len), 0);
+    expect_refused(p, get_wait(p, &p->a, &local, 0, &remote, 0, len), p->b.nerror,
+                   "get from an unmapped region");
+    expect_refused(p, put_wait(p, &p->a, &local, 0, &remote, 0, len, 0, 0), p->b.nerror,
+                   "put into an unmapped region");
+    tern_rkey_release(remote.rkey);
+    region_free(&local);
 }
 
 static void test_local_checks(void **state)
@@ -1657,6 +1701,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_many_outstanding_rma, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bad_keys_rejected, setup, teardown),
         cmocka_unit_test_setup_teardown(test_revoked_key, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_unmapped_region, setup, teardown),
         cmocka_unit_test_setup_teardown(test_local_checks, setup, teardown),
         cmocka_unit_test_setup_teardown(test_addresses, setup, teardown),
         cmocka_unit_test_setup_teardown(test_revoke_mid_put, setup, teardown),
