@@ -110,8 +110,9 @@
  * from overflow. */
 #define MAX_PUT ((size_t)1 << 40)
 
-#define WIRE_VERSION 6 /* 3: BYE and notice datagrams list canceled seqs as ranges; 4: served
-                          gets; 5: served puts; 6: a get reply's status trailer */
+#define WIRE_VERSION 7 /* 3: BYE and notice datagrams list canceled seqs as ranges; 4: served
+                          gets; 5: served puts; 6: a get reply's status trailer; 7: replies
+                          in pieces (MSGF_FRAG) */
 #define ADDR_MAGIC 0x58435554u /* "TUCX" little-endian */
 #define RKEY_MAGIC 0x4b435554u /* "TUCK" */
 #define ADDR_HDR_LEN 40u
@@ -176,7 +177,8 @@ enum msg_type {
     MSG_GET_REPLY = 6, /* imm = the get's token, u32 at 20 = tern status (a refusal: no
                           payload); else payload = the bytes, then a u32 status trailer
                           (REPLY_TRAILER_LEN: TERN_ERR_ACCESS when the region went while
-                          the reply was read, its bytes from then on zeros) */
+                          the reply was read, its bytes from then on zeros). With
+                          MSGF_FRAG one piece: len its bytes, u64 at 8 their offset */
     /* Served puts (see serve_put), likewise: */
     MSG_PUT = 7,     /* write the payload at raddr of registration reg_id; imm = token;
                         MSGF_IMM: the put carries an immediate (u32 at 44) */
@@ -202,6 +204,7 @@ enum notice_type {
 enum msg_flag {
     MSGF_IMM = 1u << 0, /* MSG_ACCESS, MSG_PUT: the put carries an immediate */
     MSGF_GET = 1u << 1, /* MSG_ACCESS: the refused operation was a get */
+    MSGF_FRAG = 1u << 2, /* MSG_GET: answer in pieces of SHM_FRAG; MSG_GET_REPLY: a piece */
 };
 
 /* ---- little helpers ---- */
@@ -320,6 +323,7 @@ typedef struct ucx_op {
     void **xreqs;      /* one block with xhdrs, freed with the op */
     uint8_t *xhdrs;
     void *lbuf;          /* where the reply goes */
+    uint64_t got;        /* a get answered in pieces (MSGF_FRAG): the bytes in so far */
     ucp_dt_iov_t riov[2]; /* a rendezvous reply's receive: lbuf, then rtrailer */
     uint8_t rtrailer[4];
     UT_hash_handle hh;   /* tp->awaited, by token */
@@ -1406,6 +1410,16 @@ static void bye_apply(ucx_stream_t *s, const uint8_t *list, size_t n, bool keep_
  * place. */
 #define REPLY_EAGER_MAX ((size_t)1 << 20)
 
+/* Over shared memory a get's reply (and a put) goes in pieces of at most
+ * this many bytes, each within one segment of UCX's FIFO, so that the
+ * receiver copies each straight into place: UCX_MM_SEG_SIZE's 8256 bytes by
+ * default hold UCP's 8-byte AM header, tern's 32, the piece and its 4-byte
+ * trailer, with 20 to spare. A message that spans segments UCX first
+ * assembles in a buffer of its own: one copy more, 10 % of a 32 KiB
+ * rendezvous round trip (docs/transport-ucx.md). With a smaller
+ * UCX_MM_SEG_SIZE the pieces still arrive whole, assembled. */
+#define SHM_FRAG ((size_t)8192)
+
 /* Each chunk of a served put is at most this long (or a 256th of the put,
  * whichever is more, to bound the headers a put keeps): sent eagerly, so
  * that the target checks and places it inside its AM callback and answers
@@ -1651,6 +1665,56 @@ static bool served_reply_ep(const ucp_am_recv_param_t *param, const uint8_t *h)
     return false;
 }
 
+/* Answer a get of len bytes at src (of mr) in pieces of SHM_FRAG, each its
+ * own AM with its offset and its own trailer (from am_cb, as serve_reply). A
+ * piece's reply_t is reused while UCX sends at once; one UCX queues keeps
+ * it until sent. */
+static void serve_pieces(ucx_tp_t *tp, const ucp_am_recv_param_t *param, uint32_t token,
+                         ucx_mr_t *mr, const uint8_t *src, uint64_t len)
+{
+    ucp_request_param_t p = {
+        .op_attr_mask = UCP_OP_ATTR_FIELD_MEMORY_TYPE | UCP_OP_ATTR_FIELD_FLAGS |
+                        UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                        UCP_OP_ATTR_FIELD_DATATYPE,
+        .memory_type = UCS_MEMORY_TYPE_HOST,
+        .flags = UCP_AM_SEND_FLAG_EAGER,
+        .cb.send = reply_sent_cb,
+        .datatype = tp->reply_dt,
+    };
+    get_reply_t *r = NULL;
+
+    for (uint64_t off = 0; off < len; off += SHM_FRAG) {
+        const uint64_t n = len - off < SHM_FRAG ? len - off : SHM_FRAG;
+        if (r == NULL && (r = malloc(sizeof(*r))) == NULL) {
+            /* The getter waits until its endpoint goes: as if the rest were lost. */
+            tern_warn("ucx: no memory to answer a peer's get of %llu bytes",
+                      (unsigned long long)len);
+            return;
+        }
+        hdr_fill(r->hdr, MSG_GET_REPLY, MSGF_FRAG, tp->base.self_id, 0, 0, token, n);
+        tern__put_le64(r->hdr + 8, off);
+        r->src = src + off;
+        r->len = n;
+        r->trailer_set = false;
+        link_init(&r->link);
+        link_add_tail(&mr->replies, &r->link);
+        p.user_data = r;
+        ucs_status_ptr_t sp =
+            ucp_am_send_nbx(param->reply_ep, AM_ID, r->hdr, MSG_HDR_LEN, r, 1, &p);
+        if (UCS_PTR_IS_PTR(sp)) {
+            r = NULL; /* UCX's until reply_sent_cb */
+            continue;
+        }
+        link_del(&r->link);
+        if (UCS_PTR_IS_ERR(sp)) {
+            tern_debug("ucx: a piece of a get's reply not sent: %s",
+                       ucs_status_string(UCS_PTR_STATUS(sp)));
+            break; /* the getter's endpoint is failing: it fails the get */
+        }
+    }
+    free(r);
+}
+
 /* Answer a peer's MSG_GET (from am_cb). */
 static void serve_get(ucx_tp_t *tp, const uint8_t *h, const ucp_am_recv_param_t *param)
 {
@@ -1663,6 +1727,10 @@ static void serve_get(ucx_tp_t *tp, const uint8_t *h, const ucp_am_recv_param_t 
 
     if (!served_reply_ep(param, h))
         return;
+    if (why == NULL && (tern__get_le16(h + 2) & MSGF_FRAG)) {
+        serve_pieces(tp, param, token, mr, (const uint8_t *)(uintptr_t)raddr, len);
+        return;
+    }
     serve_reply(tp, param, MSG_GET_REPLY, token, why == NULL ? TERN_OK : TERN_ERR_ACCESS,
                 why == NULL ? len : 0, why == NULL ? mr : NULL, (const void *)(uintptr_t)raddr,
                 why == NULL ? len : 0);
@@ -1731,6 +1799,36 @@ static void get_recv_cb(void *request, ucs_status_t status, size_t length, void 
     op_request_done(op, request, status);
 }
 
+/* A piece of a get's reply (MSGF_FRAG; h its header, data its payload): its
+ * bytes go into place; the get is answered once all of them are in. A piece
+ * that does not fit the get fails it, as does one whose trailer says the
+ * region went. */
+static void get_piece(ucx_op_t *op, const uint8_t *h, const void *data, size_t length)
+{
+    const uint64_t off = tern__get_le64(h + 8), n = tern__get_le64(h + 24);
+    const uint8_t *d = data;
+
+    if (n == 0 || length != n + REPLY_TRAILER_LEN || off > op->len || n > op->len - off ||
+        n > op->len - op->got) {
+        tern_warn("ucx: peer %u answered a get of %llu bytes with a piece of %llu at %llu "
+                  "(%zu bytes with its trailer): failed",
+                  op->ep->base.peer, (unsigned long long)op->len, (unsigned long long)n,
+                  (unsigned long long)off, length);
+        op->fail = TERN_ERR_PROTOCOL;
+        get_unlist(op); /* the rest, if any comes, is dropped */
+        op_maybe_settle(op);
+        return;
+    }
+    reply_trailer(op, d + n);
+    if (op->fail == TERN_OK)
+        memcpy((uint8_t *)op->lbuf + off, d, n);
+    op->got += n;
+    if (op->got < op->len)
+        return;
+    get_unlist(op);
+    op_maybe_settle(op);
+}
+
 /* A MSG_GET_REPLY (from am_cb): the bytes go into the get's buffer. */
 static void get_reply(ucx_tp_t *tp, const uint8_t *h, void *data, size_t length, bool rndv)
 {
@@ -1743,6 +1841,10 @@ static void get_reply(ucx_tp_t *tp, const uint8_t *h, void *data, size_t length,
         /* Its get was given up on (canceled, failed), or the token names
          * a put: a rendezvous descriptor not taken is dropped by UCX. */
         tern_debug("ucx: a reply from peer %u to a get no longer awaited: dropped", src);
+        return;
+    }
+    if (st == TERN_OK && (tern__get_le16(h + 2) & MSGF_FRAG)) {
+        get_piece(op, h, rndv ? NULL : data, rndv ? 0 : length); /* a piece is sent eagerly */
         return;
     }
     get_unlist(op);
@@ -3416,7 +3518,10 @@ static tern_status_t put_request(ucx_ep_t *ep, const void *buf, size_t len, uint
                                  bool has_imm)
 {
     ucx_tp_t *tp = ep->tp;
-    const size_t chunk = len / PUT_CHUNKS_MAX >= PUT_CHUNK ? len / PUT_CHUNKS_MAX + 1 : PUT_CHUNK;
+    /* On shared memory, pieces whose AM is as long as a get reply's piece. */
+    const size_t least = ep->peer_mode ? PUT_CHUNK
+                                       : SHM_FRAG + REPLY_TRAILER_LEN - (PUT_HDR_LEN - MSG_HDR_LEN);
+    const size_t chunk = len / PUT_CHUNKS_MAX >= least ? len / PUT_CHUNKS_MAX + 1 : least;
     const unsigned n = (unsigned)((len + chunk - 1) / chunk);
     ucx_op_t *op = op_new(tp, ep, has_imm ? OP_PUT_IMM : OP_PUT, params);
     ucp_request_param_t p;
@@ -3573,8 +3678,9 @@ static tern_status_t get_request(ucx_ep_t *ep, const ucx_rkey_t *rk, void *buf, 
     op->len = len;
     op->lbuf = buf;
     op->pending = 1;
-    hdr_fill(op->hdr, MSG_GET, 0, tp->base.self_id, ep->conn, 0 /* outside the streams */,
-             op->token, len);
+    /* On shared memory the answer comes in pieces, each copied straight into place. */
+    hdr_fill(op->hdr, MSG_GET, ep->peer_mode ? 0 : MSGF_FRAG, tp->base.self_id, ep->conn,
+             0 /* outside the streams */, op->token, len);
     tern__put_le64(op->hdr + 32, raddr);
     tern__put_le32(op->hdr + 40, rk->reg_id);
     tern__put_le32(op->hdr + 44, 0);
