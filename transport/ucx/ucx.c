@@ -1419,6 +1419,10 @@ static void bye_apply(ucx_stream_t *s, const uint8_t *list, size_t n, bool keep_
  * rendezvous round trip (docs/transport-ucx.md). With a smaller
  * UCX_MM_SEG_SIZE the pieces still arrive whole, assembled. */
 #define SHM_FRAG ((size_t)8192)
+/* Gets up to this size are answered in pieces; a larger one whole (eagerly
+ * up to REPLY_EAGER_MAX): a piece is a UCX request of its own, and a 4 MiB
+ * get's 512 of them were slower than one whole reply (TERN_UCX_CMA=0). */
+#define SHM_PIECES_MAX ((size_t)256 << 10)
 
 /* Each chunk of a served put is at most this long (or a 256th of the put,
  * whichever is more, to bound the headers a put keeps): sent eagerly, so
@@ -3679,8 +3683,8 @@ static tern_status_t get_request(ucx_ep_t *ep, const ucx_rkey_t *rk, void *buf, 
     op->lbuf = buf;
     op->pending = 1;
     /* On shared memory the answer comes in pieces, each copied straight into place. */
-    hdr_fill(op->hdr, MSG_GET, ep->peer_mode ? 0 : MSGF_FRAG, tp->base.self_id, ep->conn,
-             0 /* outside the streams */, op->token, len);
+    hdr_fill(op->hdr, MSG_GET, !ep->peer_mode && len <= SHM_PIECES_MAX ? MSGF_FRAG : 0,
+             tp->base.self_id, ep->conn, 0 /* outside the streams */, op->token, len);
     tern__put_le64(op->hdr + 32, raddr);
     tern__put_le32(op->hdr + 40, rk->reg_id);
     tern__put_le32(op->hdr + 44, 0);
