@@ -100,9 +100,9 @@ static const field_t fields[] = {
      .offset = OFF(ucx_cma),
      .doc = "ucx provider: host-memory puts and gets at least this large to a peer process on "
             "this host (those with a notice channel: UCX_TLS=sm) copy once, by "
-            "process_vm_readv/writev, as Open MPI's vader does, instead of twice through UCX's "
-            "shared-memory FIFO; 0 leaves them all to UCX (faster on some hosts: "
-            "docs/transport-ucx.md)"},
+            "process_vm_readv/writev, as Open MPI's vader does, instead of twice through the "
+            "shared-memory FIFO; smaller ones, and all with 0, are served by the target's tern "
+            "through the FIFO (faster on some hosts: docs/transport-ucx.md)"},
     {.name = "TERN_EAGER_LIMIT", .group = "tern", .type = FIELD_SIZE, .dflt = "16k",
      .offset = OFF(eager_limit),
      .doc = "p2p messages up to this size go eagerly (one copy at the receiver); larger ones "

@@ -129,8 +129,9 @@ typedef struct tern_transport_attr {
                              region its owner has unregistered is refused, even one whose
                              data is still arriving (tcp, verbs); ucx's one-sided RMA
                              writes to whatever the address holds then (but not the puts
-                             and gets it serves over UCX's tcp, whose get replies also stop
-                             reading at the dereg: docs/transport-ucx.md) */
+                             and gets it serves, over UCX's tcp and on shared memory below
+                             TERN_UCX_CMA, whose get replies also stop reading at the
+                             dereg: docs/transport-ucx.md) */
 } tern_transport_attr_t;
 
 /*
