@@ -421,7 +421,9 @@ typedef struct region {
     tern_rkey_t *rkey; /* unpacked on the other side's ep */
 } region_t;
 
-static void region_make(pair_t *p, region_t *r, size_t len, unsigned access, int owner_is_b)
+/* Register mem[0..len) at its owner and hand its key to the other side. */
+static void region_at(pair_t *p, region_t *r, uint8_t *mem, size_t len, unsigned access,
+                      int owner_is_b)
 {
     side_t *owner = owner_is_b ? &p->b : &p->a, *user = owner_is_b ? &p->a : &p->b;
     uint8_t key[TERN_RKEY_MAX];
@@ -429,14 +431,20 @@ static void region_make(pair_t *p, region_t *r, size_t len, unsigned access, int
     tern_mr_params_t mp = {.field_mask = TERN_MR_PARAM_ACCESS | TERN_MR_PARAM_NO_CACHE,
                            .access = access};
     r->len = len;
-    r->mem = malloc(len ? len : 1);
-    assert_non_null(r->mem);
+    r->mem = mem;
     assert_int_equal(tern_mr_reg(owner->tp, r->mem, len, &mp, &r->mr), TERN_OK);
     assert_int_equal(tern_mr_pack(r->mr, key, &klen), TERN_OK);
     assert_true(klen <= TERN_RKEY_MAX);
     assert_int_equal(tern_rkey_unpack(user->ep, key, klen, &r->rkey), TERN_OK);
     assert_int_equal(tern_rkey_addr(r->rkey), (uintptr_t)r->mem);
     assert_int_equal(tern_rkey_len(r->rkey), len);
+}
+
+static void region_make(pair_t *p, region_t *r, size_t len, unsigned access, int owner_is_b)
+{
+    uint8_t *mem = malloc(len ? len : 1);
+    assert_non_null(mem);
+    region_at(p, r, mem, len, access, owner_is_b);
 }
 
 static void region_free(region_t *r)
@@ -807,10 +815,6 @@ static void test_unmapped_region(void **state)
     pair_t *p = *state;
     const size_t len = 64 * 1024;
     region_t local, remote;
-    uint8_t key[TERN_RKEY_MAX];
-    size_t klen = sizeof(key);
-    tern_mr_params_t mp = {.field_mask = TERN_MR_PARAM_ACCESS | TERN_MR_PARAM_NO_CACHE,
-                           .access = RW};
     if (strcmp(provider, "ucx") == 0) {
 #ifdef TERN_HAVE_UCX
         if (!tern__ucx_serves_rma(p->a.ep, len))
@@ -823,11 +827,7 @@ static void test_unmapped_region(void **state)
     uint8_t *mem = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     assert_true(mem != MAP_FAILED);
     memset(mem, 0x3c, len);
-    remote.len = len;
-    remote.mem = mem;
-    assert_int_equal(tern_mr_reg(p->b.tp, mem, len, &mp, &remote.mr), TERN_OK);
-    assert_int_equal(tern_mr_pack(remote.mr, key, &klen), TERN_OK);
-    assert_int_equal(tern_rkey_unpack(p->a.ep, key, klen, &remote.rkey), TERN_OK);
+    region_at(p, &remote, mem, len, RW, 1);
     assert_int_equal(get_wait(p, &p->a, &local, 0, &remote, 0, len), TERN_OK);
     assert_int_equal(local.mem[len - 1], 0x3c);
     tern_mr_dereg(remote.mr);
@@ -1436,11 +1436,12 @@ static void test_destroy_in_cancel_callback(void **state)
     cancel_destroys(*state, 0);
 }
 
-/* Over UCX's emulated gets (shared memory with TERN_UCX_CMA=0) the closing
- * side parks its worker (b is not progressing), and b, told so by the GONE
- * on its notice channel, parks its own rather than purge the get replies
- * queued for a: UCX 1.13 crashes in that purge (docs/transport-ucx.md,
- * "Known UCX 1.13 faults"). Both variants used to crash there now and then. */
+/* With gets answered through the FIFO (shared memory with TERN_UCX_CMA=0)
+ * the closing side parks its worker (b is not progressing), and b, told so
+ * by the GONE on its notice channel, parks its own rather than purge the
+ * replies queued for a. When UCX answered those gets itself, UCX 1.13
+ * crashed in that purge (docs/transport-ucx.md, "Known UCX 1.13 faults"),
+ * and both variants did now and then. */
 static void test_destroy_in_cancel_callback_at_close(void **state)
 {
     cancel_destroys(*state, 1);

@@ -1,7 +1,8 @@
 # The ucx provider's smoke test, once per UCX transport set: tcp (UCX's TCP
 # transport, peer failure detected by UCX) and sm (shared memory: posix/sysv
 # AMs; puts and gets from 256 KiB by process_vm_readv/writev; peer failure by
-# tern's notice channel), and sm once more with every put and get through UCX.
+# tern's notice channel), and sm once more with every put and get served through the
+# FIFO (TERN_UCX_CMA=0).
 tern_add_test(NAME test_ucx_smoke_tcp SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/ucx_smoke.c
   LINK tern_transport tern_core LABELS transport ucx TIMEOUT 300 ENV UCX_TLS=tcp)
 # The peer-close cases leave workers parked on sm (${parked}: CMakeLists.txt).

@@ -870,10 +870,10 @@ static void test_close_cancels(void **state)
     tern_rkey_release(l.rkey); /* on b's endpoint */
     free(l.mem);               /* its registration went with a's transport */
     tern_mr_dereg(r.mr);
-    /* Put data already in b's receive queue (UCX's emulation of RMA on
-     * shared memory) still lands in r as b progresses, a dead sender or not:
-     * ucx does not revoke keys (attr.revokes_keys). So r's memory stays until
-     * b is closed. */
+    /* Put chunks already in b's receive queue are checked against r's
+     * registration as b progresses, and refused now that it is gone; r's
+     * memory stays until b is closed all the same, since ucx does not promise
+     * to revoke keys (attr.revokes_keys). */
     tern_transport_close(p->b.tp);
     p->b.tp = NULL;
     p->b.ep = NULL;
@@ -1256,7 +1256,7 @@ static void getter_child(const uint8_t *addr, size_t alen, const uint8_t *key, s
     tern_mr_t *mr = NULL;
     uint8_t *mem = malloc(n * len);
 
-    setenv("TERN_UCX_CMA", "0", 1); /* every get through UCX's emulation */
+    setenv("TERN_UCX_CMA", "0", 1); /* every get answered through the FIFO, none by cma */
     if (mem == NULL || tern_transport_open(&params, &tp) != TERN_OK ||
         tern_ep_create(tp, 1, addr, alen, &ep) != TERN_OK ||
         tern_rkey_unpack(ep, key, klen, &rk) != TERN_OK ||
@@ -1295,12 +1295,13 @@ enum gets_queued_peer {
     PEER_STOPS_CONNECTED, /* the same, with our endpoint to it as well */
 };
 
-/* A peer on this host that stops reading with gets in flight that our UCX
- * answers itself (UCX's emulated gets, TERN_UCX_CMA=0) leaves answers queued
- * for it, which UCX 1.13 cannot purge without crashing (docs/transport-ucx.md,
- * "Known UCX 1.13 faults"). Told by the peer's notice channel hanging up
- * unannounced, or finding at close that the peer does not answer, the target
- * parks its worker at close, and closes. */
+/* A peer on this host that stops reading with gets in flight (TERN_UCX_CMA=0
+ * in it: all answered through the FIFO) leaves answers queued for it. When
+ * UCX answered them itself, UCX 1.13 could not purge them without crashing
+ * (docs/transport-ucx.md, "Known UCX 1.13 faults"); tern's own answers are
+ * purged safely. A peer that dies: told by its notice channel hanging up
+ * unannounced, the target parks its worker at close, and closes. A peer that
+ * stops, alive: the target closes under it, neither crashing nor hanging. */
 static void gets_queued(enum gets_queued_peer how)
 {
     static side_t b;

@@ -516,6 +516,12 @@ int tern__ucx_parks_at_close(tern_transport_t *tp)
     return to_ucx_tp(tp)->peer_unread || !link_empty(&to_ucx_tp(tp)->zombie_eps);
 }
 
+/* Whether a host-memory put or get of len bytes on ep goes by cma_copy. */
+static bool cma_takes(const ucx_ep_t *ep, size_t len)
+{
+    return ep->cma_pid > 0 && len >= ep->tp->cma_min;
+}
+
 /* Tests only: whether host-memory gets and puts of len bytes on this
  * endpoint are served by the target's tern (serve_get, serve_put), not left
  * to UCX or copied by cma_copy. */
@@ -525,7 +531,7 @@ int tern__ucx_serves_rma(tern_ep_t *ep, size_t len)
 {
     const ucx_ep_t *uep = to_ucx_ep(ep);
 
-    return uep->served && !(uep->cma_pid > 0 && len >= uep->tp->cma_min);
+    return uep->served && !cma_takes(uep, len);
 }
 
 /* ---- status ---- */
@@ -1383,16 +1389,17 @@ static void bye_apply(ucx_stream_t *s, const uint8_t *list, size_t n, bool keep_
  * emulated with AMs that the target's UCX answers, out of tern's sight: it
  * reads the raw address, whatever the key's region has become, and the reply
  * requests it queues are ones UCX 1.13 cannot purge without crashing
- * (docs/transport-ucx.md, "Known UCX 1.13 faults"). Over UCX's network
- * transports (tcp) tern serves gets itself, with the same two messages:
+ * (docs/transport-ucx.md, "Known UCX 1.13 faults"). Where UCX would emulate
+ * them (tcp, shared memory below cma_copy's threshold) tern serves gets
+ * itself, with the same two messages:
  * MSG_GET names the registration by id, and the target checks it (live, in
  * bounds, readable) before it answers with MSG_GET_REPLY, an ordinary AM
  * whose payload is the region's bytes. A refusal fails the get with
  * TERN_ERR_ACCESS and raises TERN_EVENT_ERROR at the target. The reply goes
  * back on the UCP endpoint the request came on (UCP_AM_SEND_FLAG_REPLY), from
- * inside the AM callback, the only place UCX promises that endpoint. Over
- * shared memory UCX's pipelined copies (or cma_copy) were faster: gets stay
- * with UCX there (ucx_ep_create).
+ * inside the AM callback, the only place UCX promises that endpoint. On
+ * shared memory a get of up to SHM_PIECES_MAX is answered in pieces
+ * (serve_pieces).
  *
  * UCX reads a reply's payload as the socket takes it, long after the
  * callback, and its owner may free the region once tern_mr_dereg returns.
@@ -1584,6 +1591,30 @@ static const char *served_check(ucx_tp_t *tp, uint32_t reg, uint64_t raddr, uint
     return NULL;
 }
 
+/* Send r (its header filled) on ep with p; when mr is not NULL its payload
+ * is len bytes at src of that registration, read through reply_dt, and the
+ * status trailer. Returns what ucp_am_send_nbx did: unless it is a request
+ * (UCX keeps r until reply_sent_cb), r is the caller's again. */
+static ucs_status_ptr_t reply_send(ucx_tp_t *tp, ucp_ep_h ep, get_reply_t *r, ucx_mr_t *mr,
+                                   const uint8_t *src, uint64_t len, ucp_request_param_t *p)
+{
+    link_init(&r->link);
+    p->user_data = r;
+    if (mr != NULL) {
+        r->src = src;
+        r->len = len;
+        r->trailer_set = false;
+        link_add_tail(&mr->replies, &r->link);
+        p->op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
+        p->datatype = tp->reply_dt;
+    }
+    ucs_status_ptr_t sp =
+        ucp_am_send_nbx(ep, AM_ID, r->hdr, MSG_HDR_LEN, mr != NULL ? r : NULL, mr != NULL, p);
+    if (!UCS_PTR_IS_PTR(sp))
+        link_del(&r->link);
+    return sp;
+}
+
 /* Answer on the endpoint a served request came on (from am_cb: UCX promises
  * that endpoint only there): a reply of type, its token, its status, and,
  * when mr is not NULL, data[0..len) of that registration and the status
@@ -1623,24 +1654,13 @@ static void serve_reply(ucx_tp_t *tp, const ucp_am_recv_param_t *param, uint8_t 
         return;
     }
     memcpy(r->hdr, h, MSG_HDR_LEN);
-    link_init(&r->link);
     p.op_attr_mask |= UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
     p.cb.send = reply_sent_cb;
-    p.user_data = r;
-    if (mr != NULL) {
-        r->src = data;
-        r->len = len;
-        link_add_tail(&mr->replies, &r->link);
-        p.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
-        p.datatype = tp->reply_dt;
-    }
-    sp = ucp_am_send_nbx(param->reply_ep, AM_ID, r->hdr, MSG_HDR_LEN, mr != NULL ? r : NULL,
-                         mr != NULL ? 1 : 0, &p);
+    sp = reply_send(tp, param->reply_ep, r, mr, data, len, &p);
     if (!UCS_PTR_IS_PTR(sp)) {
         if (UCS_PTR_IS_ERR(sp))
             tern_debug("ucx: a reply (type %u) not sent: %s", type,
                        ucs_status_string(UCS_PTR_STATUS(sp)));
-        link_del(&r->link);
         free(r);
     }
 }
@@ -1671,19 +1691,17 @@ static bool served_reply_ep(const ucp_am_recv_param_t *param, const uint8_t *h)
 
 /* Answer a get of len bytes at src (of mr) in pieces of SHM_FRAG, each its
  * own AM with its offset and its own trailer (from am_cb, as serve_reply). A
- * piece's reply_t is reused while UCX sends at once; one UCX queues keeps
- * it until sent. */
+ * piece's get_reply_t is reused while UCX sends at once; one UCX queues
+ * keeps it until sent. */
 static void serve_pieces(ucx_tp_t *tp, const ucp_am_recv_param_t *param, uint32_t token,
                          ucx_mr_t *mr, const uint8_t *src, uint64_t len)
 {
     ucp_request_param_t p = {
         .op_attr_mask = UCP_OP_ATTR_FIELD_MEMORY_TYPE | UCP_OP_ATTR_FIELD_FLAGS |
-                        UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
-                        UCP_OP_ATTR_FIELD_DATATYPE,
+                        UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
         .memory_type = UCS_MEMORY_TYPE_HOST,
         .flags = UCP_AM_SEND_FLAG_EAGER,
         .cb.send = reply_sent_cb,
-        .datatype = tp->reply_dt,
     };
     get_reply_t *r = NULL;
 
@@ -1697,19 +1715,11 @@ static void serve_pieces(ucx_tp_t *tp, const ucp_am_recv_param_t *param, uint32_
         }
         hdr_fill(r->hdr, MSG_GET_REPLY, MSGF_FRAG, tp->base.self_id, 0, 0, token, n);
         tern__put_le64(r->hdr + 8, off);
-        r->src = src + off;
-        r->len = n;
-        r->trailer_set = false;
-        link_init(&r->link);
-        link_add_tail(&mr->replies, &r->link);
-        p.user_data = r;
-        ucs_status_ptr_t sp =
-            ucp_am_send_nbx(param->reply_ep, AM_ID, r->hdr, MSG_HDR_LEN, r, 1, &p);
+        ucs_status_ptr_t sp = reply_send(tp, param->reply_ep, r, mr, src + off, n, &p);
         if (UCS_PTR_IS_PTR(sp)) {
             r = NULL; /* UCX's until reply_sent_cb */
             continue;
         }
-        link_del(&r->link);
         if (UCS_PTR_IS_ERR(sp)) {
             tern_debug("ucx: a piece of a get's reply not sent: %s",
                        ucs_status_string(UCS_PTR_STATUS(sp)));
@@ -2492,14 +2502,13 @@ static tern_status_t cma_copy(ucx_ep_t *ep, void *buf, size_t len, uint64_t radd
 }
 
 /* Whether a put or get of len bytes on ep goes by cma_copy: TERN_UCX_CMA
- * bytes or more (0: never). Small ones stay with UCX where it
- * is on: its two copies on two CPUs, asynchronous, beat one on the
- * initiator's when the target has a CPU to spare (docs/transport-ucx.md). */
+ * bytes or more (0: never). Small ones are served through the FIFO where it
+ * is on: two copies on two CPUs, asynchronous, beat one on the initiator's
+ * when the target has a CPU to spare (docs/transport-ucx.md). */
 static bool cma_usable(const ucx_ep_t *ep, const ucx_rkey_t *rk, size_t len,
                        const tern_op_params_t *params)
 {
-    return ep->cma_pid > 0 && len >= ep->tp->cma_min && rk->host &&
-           mem_type_of(params) == UCS_MEMORY_TYPE_HOST;
+    return cma_takes(ep, len) && rk->host && mem_type_of(params) == UCS_MEMORY_TYPE_HOST;
 }
 
 /* Connect ep's notice channel to the peer's listener and say which endpoint it is. */
@@ -3597,9 +3606,9 @@ static tern_status_t put_request(ucx_ep_t *ep, const void *buf, size_t len, uint
  * Revoked keys: the initiator cannot tell a key whose region its owner has
  * since unregistered, and one-sided RMA never asks the target. Where UCX
  * would emulate RMA with AMs that its target applies by memcpy to the raw
- * address (tcp), tern serves host puts itself (put_request), and the target
- * refuses a chunk whose region is gone. With cma (process_vm_writev), UCX's
- * shared-memory puts, and device memory, the put lands wherever that address
+ * address (tcp, shared memory), tern serves host puts itself (put_request),
+ * and the target refuses a chunk whose region is gone. With cma
+ * (process_vm_writev) and device memory, the put lands wherever that address
  * now points, or fails if the range is unmapped. With InfiniBand the
  * target's NIC refuses the stale rkey and the endpoint fails
  * (TERN_ERR_PEER_LOST, not TERN_ERR_ACCESS). Do not use a key after its
