@@ -87,10 +87,16 @@ static const field_t fields[] = {
      .offset = OFF(tcp_sockbuf),
      .doc = "tcp provider: SO_SNDBUF/SO_RCVBUF of each connection; 0 leaves the kernel's "
             "autotuning"},
-    {.name = "TERN_TCP_ZCOPY", .group = "tern", .type = FIELD_SIZE, .dflt = "0",
+    {.name = "TERN_TCP_ZCOPY", .group = "tern", .type = FIELD_SIZE, .dflt = "64k",
      .offset = OFF(tcp_zcopy),
-     .doc = "tcp provider: put payloads and get replies at least this large go to the socket "
-            "by vmsplice/splice, without a copy; 0 (the default) copies them"},
+     .doc = "tcp provider: put payloads and get replies at least this large may go to the "
+            "socket by vmsplice/splice, without a copy (TERN_TCP_ZCOPY_MODE says when); 0 "
+            "copies them all"},
+    {.name = "TERN_TCP_ZCOPY_MODE", .group = "tern", .type = FIELD_ENUM, .dflt = "auto",
+     .values = "auto|always", .offset = OFF(tcp_zcopy_mode),
+     .doc = "tcp provider, payloads of TERN_TCP_ZCOPY and up: auto splices or copies each, "
+            "whichever the transport measured to cost less CPU per byte, trying the other "
+            "now and then; always splices them all"},
     {.name = "TERN_TCP_WRITE_MAX", .group = "tern", .type = FIELD_SIZE, .dflt = "64k",
      .offset = OFF(tcp_write_max),
      .doc = "tcp provider: the most one write or splice hands a socket, rounded down to whole "

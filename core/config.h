@@ -50,6 +50,7 @@ typedef struct tern__config {
     int64_t progress_nap_ns; /* the progress thread's longest nap (runtime.c) */
     uint64_t tcp_sockbuf;
     uint64_t tcp_zcopy;
+    int64_t tcp_zcopy_mode; /* 0 auto, 1 always */
     uint64_t tcp_write_max;
     uint64_t ucx_cma;
     uint64_t eager_limit;

@@ -1208,7 +1208,9 @@ static tern_status_t send_rts(tern__comm_t *comm, tern_request_t *req)
 {
     bounce_t *b;
     tern_status_t st =
-        offer_build(comm, req, TERN_ACCESS_LOCAL | TERN_ACCESS_REMOTE_READ, false, &b);
+        offer_build(comm, req,
+                    TERN_ACCESS_LOCAL | TERN_ACCESS_REMOTE_READ | TERN_ACCESS_REMOTE_READ_HELD,
+                    false, &b);
     if (st == TERN_OK)
         st = send_bounce(comm, req->peer, msg_imm(comm, TERN_IMM_P2P_RNDV, req->peer, &req->seq),
                          b);

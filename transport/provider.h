@@ -16,6 +16,11 @@
 
 #include <tern/transport.h>
 
+/* Every access flag tern_mr_reg takes, as a provider's key may carry them. */
+#define TERN__ACCESS_ALL                                                                 \
+    (TERN_ACCESS_LOCAL | TERN_ACCESS_REMOTE_READ | TERN_ACCESS_REMOTE_WRITE |             \
+     TERN_ACCESS_REMOTE_READ_HELD)
+
 /* The transport's resolved configuration: params over environment over defaults. */
 typedef struct tern__tp_config {
     const char *provider;  /* the provider being opened */
@@ -27,6 +32,7 @@ typedef struct tern__tp_config {
     const char *peer_hint; /* NULL or a host the peers are reached through (MASTER_ADDR) */
     size_t tcp_sockbuf;    /* TERN_TCP_SOCKBUF; 0: kernel default */
     size_t tcp_zcopy;      /* TERN_TCP_ZCOPY; 0: off */
+    bool tcp_zcopy_auto;   /* TERN_TCP_ZCOPY_MODE=auto: splice or copy, as measured */
     size_t tcp_write_max;  /* TERN_TCP_WRITE_MAX; 0: no limit */
     size_t ucx_cma;        /* TERN_UCX_CMA; 0: off */
 } tern__tp_config_t;

@@ -97,6 +97,7 @@ tern_status_t tern_transport_open(const tern_transport_params_t *params,
     cfg.peer_hint = (m & TERN_TRANSPORT_PARAM_PEER_HINT) ? params->peer_hint : NULL;
     cfg.tcp_sockbuf = env.tcp_sockbuf;
     cfg.tcp_zcopy = env.tcp_zcopy;
+    cfg.tcp_zcopy_auto = env.tcp_zcopy_mode == 0;
     cfg.tcp_write_max = env.tcp_write_max;
     cfg.ucx_cma = env.ucx_cma;
 
@@ -210,8 +211,9 @@ tern_status_t tern_mr_reg(tern_transport_t *tp, void *addr, size_t len,
 
     if (tp == NULL || mr_out == NULL || (addr == NULL && len > 0))
         return tern__error(TERN_ERR_INVALID_PARAM, "tern_mr_reg: NULL argument");
-    if (p.access == 0 || (p.access & ~(unsigned)(TERN_ACCESS_LOCAL | TERN_ACCESS_REMOTE_READ |
-                                                 TERN_ACCESS_REMOTE_WRITE)))
+    if (p.access == 0 ||
+        (p.access & ~(unsigned)TERN__ACCESS_ALL) ||
+        ((p.access & TERN_ACCESS_REMOTE_READ_HELD) && !(p.access & TERN_ACCESS_REMOTE_READ)))
         return tern__error(TERN_ERR_INVALID_PARAM, "tern_mr_reg: bad access flags %#x", p.access);
     if (p.mem_type != TERN_MEM_HOST && p.mem_type != TERN_MEM_CUDA)
         return tern__error(TERN_ERR_INVALID_PARAM, "tern_mr_reg: bad memory type %d", p.mem_type);
@@ -219,9 +221,12 @@ tern_status_t tern_mr_reg(tern_transport_t *tp, void *addr, size_t len,
         return tern__error(TERN_ERR_INVALID_PARAM, "tern_mr_reg: region wraps the address space");
 
     if (!(m & TERN_MR_PARAM_NO_CACHE)) {
-        /* A live registration that covers the range with at least this access. */
+        /* A live registration that covers the range with at least this access
+         * (and the same promise: one made with REMOTE_READ_HELD would let a
+         * user who never made it be read by reference). */
         for (mr = tp->mrs; mr != NULL; mr = mr->next) {
             if (mr->mem_type == p.mem_type && (mr->access & p.access) == p.access &&
+                !((mr->access ^ p.access) & TERN_ACCESS_REMOTE_READ_HELD) &&
                 (uintptr_t)addr >= (uintptr_t)mr->addr &&
                 (uintptr_t)addr + len <= (uintptr_t)mr->addr + mr->len) {
                 mr->refs++;

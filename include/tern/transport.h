@@ -59,6 +59,13 @@ enum tern_access {
     TERN_ACCESS_LOCAL = 1u << 0,        /* source or destination of local operations */
     TERN_ACCESS_REMOTE_READ = 1u << 1,  /* peers may get from it */
     TERN_ACCESS_REMOTE_WRITE = 1u << 2, /* peers may put into it */
+    /* With REMOTE_READ: a promise that the owner leaves the memory as it is,
+     * and registered, until every peer that reads it has said it is done (as
+     * p2p's rendezvous does with its FIN). A provider may then answer reads
+     * with the pages themselves instead of a copy (tcp: vmsplice, under
+     * TERN_TCP_ZCOPY_MODE=auto). Never shared with a registration made
+     * without it. */
+    TERN_ACCESS_REMOTE_READ_HELD = 1u << 3,
 };
 
 /* ---- events at the target ---- */

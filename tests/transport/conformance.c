@@ -5,6 +5,7 @@
  */
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -871,6 +872,24 @@ static void test_local_checks(void **state)
     assert_int_equal(tern_mr_reg(p->a.tp, buf + 100, 1000, &cached, &again), TERN_OK);
     assert_ptr_equal(again, outer);
     tern_mr_dereg(again);
+    /* The promise to hold memory for its readers goes with remote reads only,
+     * and a registration made with it and one made without never stand in
+     * for each other. */
+    tern_mr_params_t held = {.field_mask = TERN_MR_PARAM_ACCESS,
+                             .access = TERN_ACCESS_LOCAL | TERN_ACCESS_REMOTE_READ_HELD};
+    assert_int_equal(tern_mr_reg(p->a.tp, buf, 8192, &held, &mr), TERN_ERR_INVALID_PARAM);
+    held.access |= TERN_ACCESS_REMOTE_READ;
+    tern_mr_t *held_mr = NULL, *plain_mr = NULL;
+    assert_int_equal(tern_mr_reg(p->a.tp, buf + 100, 1000, &held, &held_mr), TERN_OK);
+    assert_ptr_not_equal(held_mr, outer);
+    assert_int_equal(tern_mr_reg(p->a.tp, buf + 200, 100, &held, &again), TERN_OK);
+    assert_ptr_equal(again, held_mr);
+    tern_mr_dereg(again);
+    tern_mr_params_t plain = {.field_mask = TERN_MR_PARAM_ACCESS, .access = TERN_ACCESS_REMOTE_READ};
+    assert_int_equal(tern_mr_reg(p->a.tp, buf + 200, 100, &plain, &plain_mr), TERN_OK);
+    assert_ptr_equal(plain_mr, outer);
+    tern_mr_dereg(plain_mr);
+    tern_mr_dereg(held_mr);
     tern_mr_dereg(outer);
     free(buf);
     region_free(&local);
@@ -997,6 +1016,107 @@ static void test_rx_window_and_keys(void **state)
                   p->a.attr.revokes_keys);
     assert_int_equal(p->a.attr.rx_window, want);
     assert_int_equal(p->a.attr.revokes_keys, tcp);
+}
+
+/*
+ * tcp, TERN_TCP_ZCOPY_MODE: a stream of 1 MiB puts, then gets back from a
+ * region held for its readers (TERN_ACCESS_REMOTE_READ_HELD), arrive intact
+ * whichever way each payload went. In auto mode (the default) each writer
+ * has timed both ways and picked the cheaper at its last pick (or one
+ * within the sixteenth a choice must lose by before it changes), and each
+ * reader has timed reads of
+ * both kinds, which needs the writer's header to say which kind each payload
+ * was; with splicing off or always, nothing is timed. Replies from a region
+ * not held are copied in auto mode: the same gets from one time nothing.
+ */
+void tern__tcp_zcopy_stats(tern_transport_t *tp, double written[2], double read[2],
+                           double cost[2], bool *splicing);
+
+static void test_zcopy_choice(void **state)
+{
+    pair_t *p = *state;
+    enum { N = 64, LEN = 1 << 20 };
+    if (strcmp(provider, "tcp") != 0)
+        skip();
+    const char *zc = getenv("TERN_TCP_ZCOPY"), *mode = getenv("TERN_TCP_ZCOPY_MODE");
+    const bool timed =
+        (zc == NULL || strcmp(zc, "0") != 0) && (mode == NULL || strcmp(mode, "auto") == 0);
+    region_t local, remote, back;
+    region_make(p, &local, (size_t)N * LEN, RW, 0);
+    region_make(p, &remote, (size_t)N * LEN, RW | TERN_ACCESS_REMOTE_READ_HELD, 1);
+    region_make(p, &back, (size_t)N * LEN, RW, 0);
+    fill(local.mem, (size_t)N * LEN, 5);
+    counter_t c = {0};
+    tern_op_params_t op = cb_params(&c);
+    op.field_mask |= TERN_OP_PARAM_MR;
+    op.mr = local.mr;
+    for (unsigned i = 0; i < N; i++)
+        posted(tern_ep_put(p->a.ep, local.mem + (size_t)i * LEN, LEN,
+                           tern_rkey_addr(remote.rkey) + (size_t)i * LEN, remote.rkey, &op),
+               &c);
+    PUMP_UNTIL(p, c.done == N, "64 puts of 1 MiB");
+    assert_int_equal(c.failed, 0);
+    assert_true(check(remote.mem, (size_t)N * LEN, 5));
+    counter_t g = {0};
+    tern_op_params_t gop = cb_params(&g);
+    gop.field_mask |= TERN_OP_PARAM_MR;
+    gop.mr = back.mr;
+    for (unsigned i = 0; i < N; i++)
+        posted(tern_ep_get(p->a.ep, back.mem + (size_t)i * LEN, LEN,
+                           tern_rkey_addr(remote.rkey) + (size_t)i * LEN, remote.rkey, &gop),
+               &g);
+    PUMP_UNTIL(p, g.done == N, "64 gets of 1 MiB");
+    assert_int_equal(g.failed, 0);
+    assert_true(check(back.mem, (size_t)N * LEN, 5));
+
+    /* a wrote the puts and read the replies; b the other way round. */
+    side_t *sides[2] = {&p->a, &p->b};
+    for (int s = 0; s < 2; s++) {
+        double written[2], read[2], cost[2];
+        bool splicing;
+        tern__tcp_zcopy_stats(sides[s]->tp, written, read, cost, &splicing);
+        print_message("%c: written %.0f/%.0f, read %.0f/%.0f bytes (copied/spliced), "
+                      "%.3f/%.3f ns a byte, %s\n",
+                      'a' + s, written[0], written[1], read[0], read[1], cost[0], cost[1],
+                      splicing ? "splicing" : "copying");
+        for (int w = 0; w < 2; w++) {
+            if (!timed) {
+                assert_true(written[w] == 0 && read[w] == 0);
+                continue;
+            }
+            assert_true(written[w] >= 1 << 20); /* ZC_SEED */
+            assert_true(read[w] >= 1 << 20);
+            assert_true(cost[w] > 0);
+        }
+        if (timed)
+            assert_true(splicing ? cost[1] * 16 <= cost[0] * 17 : cost[0] * 16 <= cost[1] * 17);
+    }
+    if (timed) {
+        /* b's replies from local's twin, which a registered without the promise */
+        region_t plain;
+        double before[2], written[2], read[2], cost[2];
+        bool splicing;
+        region_make(p, &plain, (size_t)8 * LEN, RW, 1);
+        fill(plain.mem, (size_t)8 * LEN, 6);
+        tern__tcp_zcopy_stats(p->b.tp, before, read, cost, &splicing);
+        counter_t h = {0};
+        tern_op_params_t hop = cb_params(&h);
+        hop.field_mask |= TERN_OP_PARAM_MR;
+        hop.mr = back.mr;
+        for (unsigned i = 0; i < 8; i++)
+            posted(tern_ep_get(p->a.ep, back.mem + (size_t)i * LEN, LEN,
+                               tern_rkey_addr(plain.rkey) + (size_t)i * LEN, plain.rkey, &hop),
+                   &h);
+        PUMP_UNTIL(p, h.done == 8, "8 gets of 1 MiB from a region not held");
+        assert_int_equal(h.failed, 0);
+        assert_true(check(back.mem, (size_t)8 * LEN, 6));
+        tern__tcp_zcopy_stats(p->b.tp, written, read, cost, &splicing);
+        assert_true(written[0] == before[0] && written[1] == before[1]);
+        region_free(&plain);
+    }
+    region_free(&local);
+    region_free(&remote);
+    region_free(&back);
 }
 
 /* ---- the peer goes away ---- */
@@ -1577,12 +1697,13 @@ static void test_no_callback_inside_post(void **state)
  * being answered is read no more (providers with attr.revokes_keys, and ucx
  * where it serves gets): the get completes once, refused (TERN_ERR_ACCESS)
  * or with what the region held at the dereg, never a byte written after it,
- * and without taking the peer for lost. With TERN_TCP_ZCOPY the reply's
- * pages already spliced are the kernel's by reference (docs/transport.md):
- * there only the single completion holds. landed: the dereg comes once the
- * reply's first bytes are in, so that it cuts a reply under way (tcp then
- * sends the rest as copied at the dereg; ucx stops reading, and the get
- * fails). */
+ * and without taking the peer for lost. With TERN_TCP_ZCOPY_MODE=always the
+ * reply's pages already spliced are the kernel's by reference
+ * (docs/transport.md): there only the single completion holds; auto splices
+ * only replies from regions held for their readers, and this one is not.
+ * landed: the dereg comes once the reply's first bytes are in, so that it
+ * cuts a reply under way (tcp then sends the rest as copied at the dereg; ucx
+ * stops reading, and the get fails). */
 static void dereg_during_get(pair_t *p, int landed)
 {
     const size_t len = 64u << 20;
@@ -1619,8 +1740,10 @@ static void dereg_during_get(pair_t *p, int landed)
     assert_true(c.last == TERN_OK || c.last == TERN_ERR_ACCESS);
     if (landed && served) /* it reads no more, and says so */
         assert_int_equal(c.last, TERN_ERR_ACCESS);
-    const char *zcopy = getenv("TERN_TCP_ZCOPY");
-    if (c.last == TERN_OK && (zcopy == NULL || strcmp(zcopy, "0") == 0))
+    const char *zcopy = getenv("TERN_TCP_ZCOPY"), *mode = getenv("TERN_TCP_ZCOPY_MODE");
+    const bool forced = mode != NULL && strcmp(mode, "always") == 0 &&
+                        (zcopy == NULL || strcmp(zcopy, "0") != 0);
+    if (c.last == TERN_OK && !forced)
         for (size_t i = 0; i < len; i++)
             if (local.mem[i] == 0xee)
                 fail_msg("byte %zu of the get was read after the dereg", i);
@@ -1708,6 +1831,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_revoke_mid_put, setup, teardown),
         cmocka_unit_test_setup_teardown(test_host_shm, setup, teardown),
         cmocka_unit_test_setup_teardown(test_rx_window_and_keys, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_zcopy_choice, setup, teardown),
         cmocka_unit_test_setup_teardown(test_peer_closes_mid_transfer, setup, teardown),
         cmocka_unit_test_setup_teardown(test_peer_closes_on_purpose, setup, teardown),
         cmocka_unit_test_setup_teardown(test_peer_closes_without_endpoint, setup_one_way, teardown),

@@ -46,6 +46,8 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <tern/clock.h>
+
 #include "core/hash.h"
 
 #include "core/bytes.h"
@@ -78,6 +80,38 @@ enum frame_type {
     F_SWITCH_ACK = 9 /* everything before the SWITCH is handled */
 };
 #define FLAG_IMM 1u
+#define FLAG_SPLICED 2u /* F_PUT, F_GET_DATA: the payload left by splice (a hint for zc_stats_t) */
+
+/*
+ * Splice or copy, measured. Which costs less moves with the host: on one VM
+ * splicing took a 4 MiB stream from 4.3 to 7.5 GB/s, on another copying won,
+ * 6.5 against 5 (docs/perf.md, "Splice or copy"). So with
+ * TERN_TCP_ZCOPY_MODE=auto a transport times its own socket calls: the CPU
+ * they take per payload byte written each way and, once it has read payloads
+ * of both kinds, per byte read of each (a spliced payload reaches its reader
+ * as 4 KiB fragments, each with its own cost). Its reads stand for what its
+ * peers pay to read what it writes, so a rank that both sends and receives
+ * weighs both ends, and one that only sends weighs its own. Time spent
+ * waiting for a full socket is outside the calls and not counted.
+ */
+enum { ZC_COPY, ZC_SPLICE };
+#define ZC_SEED (1u << 20)        /* bytes a way must have moved before its cost counts */
+#define ZC_WINDOW (64u << 20)     /* past this the sums halve: recent payloads weigh most */
+#define ZC_TRY_MIN (8u << 20)     /* bytes between tries of the other way, at first... */
+#define ZC_TRY_MAX (1ull << 30)   /* ...doubling to this while the choice holds */
+#define ZC_CALL_SLACK_NS 50000.0  /* see zc_add */
+
+typedef struct zc_cost {
+    double ns, bytes; /* recent sums */
+} zc_cost_t;
+
+typedef struct zc_stats {
+    zc_cost_t send[2], recv[2];
+    uint64_t since_try; /* bytes written the cheaper way since the other was tried */
+    uint64_t try_gap;   /* bytes between tries */
+    int best;           /* the cheaper way at the last pick */
+    double picked[2];   /* what a byte cost each way then */
+} zc_stats_t;
 
 typedef struct frame {
     uint8_t type, flags;
@@ -132,6 +166,8 @@ typedef struct txreq {
     void *copy;          /* F_GET_DATA whose region was unregistered mid-reply: the rest */
     tern_status_t status; /* queued for completion (tcp_tp_t.done): the outcome */
     bool zcopy;          /* the payload goes by splice_payload() */
+    bool zc_undecided;   /* eligible to be spliced: decided as its header goes (tx_some) */
+    bool zc_timed;       /* TERN_TCP_ZCOPY_MODE=auto: its writes feed zc_stats_t */
     uint8_t small[];     /* a small payload owned by the request: HELLO, an inline SEND */
 } txreq_t;
 
@@ -219,6 +255,8 @@ typedef struct tcp_tp {
     struct conn *hot; /* whose data the last epoll round handled (tcp_progress) */
     int hot_streak;   /* progress calls in a row served by hot alone */
     size_t zcopy_min; /* payloads this large go by splice_payload(); 0: never */
+    bool zcopy_auto;  /* ...or by a copy, whichever zc measured to cost less */
+    zc_stats_t zc;
     size_t write_max; /* TERN_TCP_WRITE_MAX; 0: no limit */
     /* Completions wait here for the end of the call that produced them
      * (drain_done): a user callback never runs inside a post, nor in the
@@ -399,6 +437,130 @@ static void set_want_out(conn_t *c, bool want)
     epoll_ctl(c->tp->epfd, EPOLL_CTL_MOD, c->fd, &ev);
 }
 
+/* Only payloads whose completion waits for the peer may go by reference
+ * (see splice_payload): a SEND completes as soon as the socket has it. */
+static bool zcopy_eligible(const tcp_tp_t *t, uint8_t type, uint64_t len)
+{
+    return (type == F_PUT || type == F_GET_DATA) && t->zcopy_min > 0 && len >= t->zcopy_min;
+}
+
+static bool zc_known(const zc_cost_t *c)
+{
+    return c->bytes >= ZC_SEED;
+}
+
+/*
+ * One socket call's time for n payload bytes. A call the scheduler or the
+ * hypervisor took the core from would count milliseconds for a few
+ * microseconds of work, so once a way's cost is known a call counts for at
+ * most four times it plus ZC_CALL_SLACK_NS: an outlier moves the estimate
+ * without swamping it, and a real change still shows within a few calls.
+ */
+static void zc_add(zc_cost_t *c, uint64_t ns, size_t n)
+{
+    double d = (double)ns;
+    if (zc_known(c)) {
+        double cap = 4.0 * c->ns / c->bytes * (double)n + ZC_CALL_SLACK_NS;
+        if (d > cap)
+            d = cap;
+    }
+    c->ns += d;
+    c->bytes += (double)n;
+    if (c->bytes > ZC_WINDOW) {
+        c->ns /= 2;
+        c->bytes /= 2;
+    }
+}
+
+/* What a byte costs one way: writing it, plus reading it once both kinds have
+ * been read here. */
+static double zc_cost(const zc_stats_t *z, int way)
+{
+    double cost = z->send[way].ns / z->send[way].bytes;
+    if (zc_known(&z->recv[ZC_COPY]) && zc_known(&z->recv[ZC_SPLICE]))
+        cost += z->recv[way].ns / z->recv[way].bytes;
+    return cost;
+}
+
+/* Whether an eligible payload of len bytes is spliced. Each way is tried until
+ * it is measured; then the cheaper one goes, and the other is tried again
+ * with one payload after try_gap bytes, a gap that doubles while the choice
+ * holds (at 1 GiB under 1 % of the bytes) and shrinks back when it flips. */
+static bool zc_pick(tcp_tp_t *t, size_t len)
+{
+    zc_stats_t *z = &t->zc;
+    if (!t->zcopy_auto)
+        return true;
+    if (!zc_known(&z->send[ZC_SPLICE]))
+        return true;
+    if (!zc_known(&z->send[ZC_COPY]))
+        return false;
+    /* The other way must be cheaper by a sixteenth to take over: two ways
+     * that cost the same would otherwise swap at every wobble, each swap
+     * bringing the tries back to ZC_TRY_MIN. */
+    const double cost[2] = {zc_cost(z, ZC_COPY), zc_cost(z, ZC_SPLICE)};
+    const int other = !z->best;
+    z->picked[ZC_COPY] = cost[ZC_COPY];
+    z->picked[ZC_SPLICE] = cost[ZC_SPLICE];
+    const int best = cost[other] * 17 < cost[z->best] * 16 ? other : z->best;
+    if (best != z->best || z->try_gap == 0) {
+        tern_debug("tcp: payloads of %zu bytes and up now %s (%.3f ns a byte spliced, %.3f "
+                   "copied)",
+                   t->zcopy_min, best == ZC_SPLICE ? "spliced" : "copied", cost[ZC_SPLICE],
+                   cost[ZC_COPY]);
+        z->best = best;
+        z->try_gap = ZC_TRY_MIN;
+        z->since_try = 0;
+    }
+    if (z->since_try >= z->try_gap) {
+        z->since_try = 0;
+        if (z->try_gap < ZC_TRY_MAX)
+            z->try_gap *= 2;
+        return best == ZC_COPY;
+    }
+    z->since_try += len;
+    return best == ZC_SPLICE;
+}
+
+/* How r's payload goes is decided as its header leaves, not as it is queued:
+ * a window of payloads queued at once would otherwise all be decided on what
+ * was known before any of them was written. */
+static void choose_zcopy(tcp_tp_t *t, txreq_t *r, size_t len)
+{
+    r->zc_undecided = zcopy_eligible(t, r->type, len);
+}
+
+/* r's header is about to leave: splice or copy, and say which in it (a
+ * reply refused since it was queued has no payload left to decide on). */
+static void decide_zcopy(tcp_tp_t *t, txreq_t *r)
+{
+    r->zc_undecided = false;
+    if (r->iovcnt < 2)
+        return;
+    r->zcopy = zc_pick(t, r->iov[1].iov_len);
+    r->zc_timed = t->zcopy_auto;
+    if (r->zcopy)
+        r->hdr[1] |= FLAG_SPLICED;
+}
+
+/* Tests only: what TERN_TCP_ZCOPY_MODE=auto has measured on tp: bytes timed
+ * written and read each way (ZC_COPY, ZC_SPLICE), what a byte cost each way
+ * at the last pick, and whether that pick was to splice. */
+void tern__tcp_zcopy_stats(tern_transport_t *tp, double written[2], double read[2],
+                           double cost[2], bool *splicing);
+
+void tern__tcp_zcopy_stats(tern_transport_t *tp, double written[2], double read[2],
+                           double cost[2], bool *splicing)
+{
+    const zc_stats_t *z = &to_tcp_tp(tp)->zc;
+    for (int w = ZC_COPY; w <= ZC_SPLICE; w++) {
+        written[w] = z->send[w].bytes;
+        read[w] = z->recv[w].bytes;
+        cost[w] = z->picked[w];
+    }
+    *splicing = z->best == ZC_SPLICE;
+}
+
 /* A request fully written: a send is done; a put or get now awaits its reply. */
 static void tx_done(conn_t *c, txreq_t *r)
 {
@@ -500,6 +662,8 @@ static int splice_payload_nosignal(conn_t *c, txreq_t *r)
  * is full, -1 when the connection failed. */
 static int tx_some(conn_t *c, txreq_t *r)
 {
+    if (r->zc_undecided)
+        decide_zcopy(c->tp, r);
     for (;;) {
         /* zcopy: the header alone (MSG_MORE: it leaves with the payload), then
          * the payload by splice_payload. */
@@ -508,7 +672,11 @@ static int tx_some(conn_t *c, txreq_t *r)
             struct iovec part[2];
             size_t want;
             int pc = iov_front(part, r->iov, cnt, write_cap(c), &want);
+            const bool timed = r->zc_timed && !r->zcopy;
+            const uint64_t t0 = timed ? tern_clock_ns() : 0;
             ssize_t n = send_iov(c->fd, part, pc, r->zcopy ? MSG_MORE : 0);
+            if (timed)
+                zc_add(&c->tp->zc.send[ZC_COPY], tern_clock_ns() - t0, n > 0 ? (size_t)n : 0);
             if (n < 0 && errno == EINTR)
                 continue;
             if (n < 0)
@@ -520,7 +688,12 @@ static int tx_some(conn_t *c, txreq_t *r)
         }
         if (!r->zcopy)
             return 1;
+        const size_t left = r->iov[1].iov_len + c->in_pipe;
+        const uint64_t t0 = r->zc_timed ? tern_clock_ns() : 0;
         int z = splice_payload_nosignal(c, r);
+        if (r->zc_timed)
+            zc_add(&c->tp->zc.send[ZC_SPLICE], tern_clock_ns() - t0,
+                   left - (r->iov[1].iov_len + c->in_pipe));
         if (z != 2)
             return z;
         r->zcopy = false; /* copy the rest */
@@ -551,13 +724,6 @@ static bool flush_tx(conn_t *c)
     }
     set_want_out(c, c->tx_head != NULL);
     return true;
-}
-
-/* Only payloads whose completion waits for the peer may go by reference
- * (see splice_payload): a SEND completes as soon as the socket has it. */
-static bool use_zcopy(const tcp_tp_t *t, uint8_t type, size_t len)
-{
-    return (type == F_PUT || type == F_GET_DATA) && t->zcopy_min > 0 && len >= t->zcopy_min;
 }
 
 /* A SEND of up to TCP_INLINE bytes is copied into its request (attr.max_inline);
@@ -629,7 +795,7 @@ static tern_status_t post(conn_t *c, const frame_t *f, const void *payload, size
     if (r == NULL)
         return tern__error(TERN_ERR_NO_MEMORY, "tcp: no memory to queue a request");
     r->comp = tern__comp_of(params);
-    r->zcopy = use_zcopy(c->tp, f->type, len);
+    choose_zcopy(c->tp, r, len);
     r->get_buf = get_buf;
     r->get_size = f->type == F_GET ? f->size : 0;
     enqueue(c, r);
@@ -1091,7 +1257,11 @@ static bool header_arrived(conn_t *c)
         }
         r->type = F_GET_DATA;
         r->pin = mr;
-        r->zcopy = st == TERN_OK && use_zcopy(t, F_GET_DATA, (size_t)f->size);
+        /* A reply goes by reference only from memory its owner holds for
+         * the reader (TERN_ACCESS_REMOTE_READ_HELD), unless splicing is
+         * forced (docs/transport.md: what a dereg then cannot take back). */
+        if (st == TERN_OK && (!t->zcopy_auto || (mr->base.access & TERN_ACCESS_REMOTE_READ_HELD)))
+            choose_zcopy(t, r, (size_t)f->size);
         enqueue(c, r);
         if (st != TERN_OK)
             event(t, TERN_EVENT_ERROR, c->peer, 0, NULL, 0, st);
@@ -1200,7 +1370,13 @@ static int rx_payload(conn_t *c)
         size_t want = need;
         if (c->dst == NULL && want > RXBUF_SIZE)
             want = RXBUF_SIZE;
+        const bool timed = c->tp->zcopy_auto && c->dst != NULL &&
+                           zcopy_eligible(c->tp, f->type, f->payload);
+        const uint64_t t0 = timed ? tern_clock_ns() : 0;
         ssize_t r = recv(c->fd, to, want, MSG_DONTWAIT);
+        if (timed)
+            zc_add(&c->tp->zc.recv[(f->flags & FLAG_SPLICED) ? ZC_SPLICE : ZC_COPY],
+                   tern_clock_ns() - t0, r > 0 ? (size_t)r : 0);
         if (r > 0) {
             c->nread += (uint64_t)r;
             c->got += (uint64_t)r;
@@ -1608,6 +1784,7 @@ static tern_status_t tcp_open(const tern__tp_config_t *cfg, tern_transport_t **t
     t->busy_poll = cfg->busy_poll;
     t->sockbuf = cfg->tcp_sockbuf;
     t->zcopy_min = cfg->tcp_zcopy;
+    t->zcopy_auto = cfg->tcp_zcopy_auto;
     t->write_max = cfg->tcp_write_max;
     t->next_key = 1;
     t->next_op = 1;

@@ -3875,7 +3875,7 @@ static tern_status_t ucx_rkey_unpack(tern_ep_t *bep, const void *buf, size_t len
 {
     ucx_ep_t *ep = to_ucx_ep(bep);
     const uint8_t *b = buf;
-    const unsigned all = TERN_ACCESS_LOCAL | TERN_ACCESS_REMOTE_READ | TERN_ACCESS_REMOTE_WRITE;
+    const unsigned all = TERN__ACCESS_ALL;
     uint64_t base, rlen;
     uint32_t ulen, access;
     ucx_rkey_t *rk;
