@@ -1032,6 +1032,26 @@ static void test_rx_window_and_keys(void **state)
 void tern__tcp_zcopy_stats(tern_transport_t *tp, double written[2], double read[2],
                            double cost[2], bool *splicing);
 
+/* n puts (get 0) from local into remote, or gets (get 1) from remote into
+ * local, of len bytes each, all posted at once by a; all must succeed. */
+static void rma_stream(pair_t *p, int get, region_t *local, region_t *remote, unsigned n,
+                       size_t len)
+{
+    counter_t c = {0};
+    tern_op_params_t op = cb_params(&c);
+    op.field_mask |= TERN_OP_PARAM_MR;
+    op.mr = local->mr;
+    for (unsigned i = 0; i < n; i++) {
+        uint8_t *mem = local->mem + (size_t)i * len;
+        uint64_t raddr = tern_rkey_addr(remote->rkey) + (size_t)i * len;
+        posted(get ? tern_ep_get(p->a.ep, mem, len, raddr, remote->rkey, &op)
+                   : tern_ep_put(p->a.ep, mem, len, raddr, remote->rkey, &op),
+               &c);
+    }
+    PUMP_UNTIL(p, c.done == n, get ? "a stream of gets" : "a stream of puts");
+    assert_int_equal(c.failed, 0);
+}
+
 static void test_zcopy_choice(void **state)
 {
     pair_t *p = *state;
@@ -1046,27 +1066,9 @@ static void test_zcopy_choice(void **state)
     region_make(p, &remote, (size_t)N * LEN, RW | TERN_ACCESS_REMOTE_READ_HELD, 1);
     region_make(p, &back, (size_t)N * LEN, RW, 0);
     fill(local.mem, (size_t)N * LEN, 5);
-    counter_t c = {0};
-    tern_op_params_t op = cb_params(&c);
-    op.field_mask |= TERN_OP_PARAM_MR;
-    op.mr = local.mr;
-    for (unsigned i = 0; i < N; i++)
-        posted(tern_ep_put(p->a.ep, local.mem + (size_t)i * LEN, LEN,
-                           tern_rkey_addr(remote.rkey) + (size_t)i * LEN, remote.rkey, &op),
-               &c);
-    PUMP_UNTIL(p, c.done == N, "64 puts of 1 MiB");
-    assert_int_equal(c.failed, 0);
+    rma_stream(p, 0, &local, &remote, N, LEN);
     assert_true(check(remote.mem, (size_t)N * LEN, 5));
-    counter_t g = {0};
-    tern_op_params_t gop = cb_params(&g);
-    gop.field_mask |= TERN_OP_PARAM_MR;
-    gop.mr = back.mr;
-    for (unsigned i = 0; i < N; i++)
-        posted(tern_ep_get(p->a.ep, back.mem + (size_t)i * LEN, LEN,
-                           tern_rkey_addr(remote.rkey) + (size_t)i * LEN, remote.rkey, &gop),
-               &g);
-    PUMP_UNTIL(p, g.done == N, "64 gets of 1 MiB");
-    assert_int_equal(g.failed, 0);
+    rma_stream(p, 1, &back, &remote, N, LEN);
     assert_true(check(back.mem, (size_t)N * LEN, 5));
 
     /* a wrote the puts and read the replies; b the other way round. */
@@ -1099,16 +1101,7 @@ static void test_zcopy_choice(void **state)
         region_make(p, &plain, (size_t)8 * LEN, RW, 1);
         fill(plain.mem, (size_t)8 * LEN, 6);
         tern__tcp_zcopy_stats(p->b.tp, before, read, cost, &splicing);
-        counter_t h = {0};
-        tern_op_params_t hop = cb_params(&h);
-        hop.field_mask |= TERN_OP_PARAM_MR;
-        hop.mr = back.mr;
-        for (unsigned i = 0; i < 8; i++)
-            posted(tern_ep_get(p->a.ep, back.mem + (size_t)i * LEN, LEN,
-                               tern_rkey_addr(plain.rkey) + (size_t)i * LEN, plain.rkey, &hop),
-                   &h);
-        PUMP_UNTIL(p, h.done == 8, "8 gets of 1 MiB from a region not held");
-        assert_int_equal(h.failed, 0);
+        rma_stream(p, 1, &back, &plain, 8, LEN);
         assert_true(check(back.mem, (size_t)8 * LEN, 6));
         tern__tcp_zcopy_stats(p->b.tp, written, read, cost, &splicing);
         assert_true(written[0] == before[0] && written[1] == before[1]);
