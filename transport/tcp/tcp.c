@@ -85,7 +85,7 @@ enum frame_type {
 /*
  * Splice or copy, measured. Which costs less moves with the host: on one VM
  * splicing took a 4 MiB stream from 4.3 to 7.5 GB/s, on another copying won,
- * 6.5 against 5 (docs/perf.md, "Splice or copy"). So with
+ * 6.5 against 5 (docs/perf.md, "Splice or copy, measured"). So with
  * TERN_TCP_ZCOPY_MODE=auto a transport times its own socket calls: the CPU
  * they take per payload byte written each way and, once it has read payloads
  * of both kinds, per byte read of each (a spliced payload reaches its reader
