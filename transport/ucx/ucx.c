@@ -110,9 +110,10 @@
  * from overflow. */
 #define MAX_PUT ((size_t)1 << 40)
 
-#define WIRE_VERSION 7 /* 3: BYE and notice datagrams list canceled seqs as ranges; 4: served
+#define WIRE_VERSION 8 /* 3: BYE and notice datagrams list canceled seqs as ranges; 4: served
                           gets; 5: served puts; 6: a get reply's status trailer; 7: replies
-                          in pieces (MSGF_FRAG) */
+                          in pieces (MSGF_FRAG); 8: a key's access word may carry
+                          TERN_ACCESS_REMOTE_READ_HELD */
 #define ADDR_MAGIC 0x58435554u /* "TUCX" little-endian */
 #define RKEY_MAGIC 0x4b435554u /* "TUCK" */
 #define ADDR_HDR_LEN 40u
