@@ -64,7 +64,8 @@ enum tern_access {
      * p2p's rendezvous does with its FIN). A provider may then answer reads
      * with the pages themselves instead of a copy (tcp: vmsplice, under
      * TERN_TCP_ZCOPY_MODE=auto). Never shared with a registration made
-     * without it. */
+     * without it. An owner that unregisters early anyway leaves a reader
+     * with whatever the pages hold when its kernel copies them out. */
     TERN_ACCESS_REMOTE_READ_HELD = 1u << 3,
 };
 
