@@ -315,7 +315,7 @@ typedef struct ucx_op {
     uint32_t seq; /* the AM's sequence number when has_seq */
     uint32_t imm;
     uint64_t len;
-    /* A served get or put (on an endpoint with served): */
+    /* A served get or put (served_takes): */
     bool awaiting;     /* in tp->awaited: its replies have not all arrived (not UCX requests) */
     bool recv_cb_ran;  /* the reply's rendezvous receive called back */
     uint32_t token;    /* names it in the replies */
@@ -359,7 +359,6 @@ struct ucx_ep {
     size_t nzukeys;
     watch_t nwatch;
     pid_t cma_pid; /* the peer process, for puts and gets by cma_copy; 0: through UCX */
-    bool served; /* gets and puts as tern AMs the target answers (serve_get, serve_put) */
     ucs_status_t lost_status;
     bool peer_closed; /* lost because the peer closed on purpose (its BYE): TERN_ERR_CLOSED */
 };
@@ -467,7 +466,7 @@ struct ucx_tp {
     struct ucx_entry *entry_cache;
     unsigned nentry_cache;
     uint32_t conn_nonce, next_conn, next_reg_id;
-    bool served_rma; /* UCX would emulate RMA here: tern serves it (ep->served) */
+    bool served_rma; /* UCX would emulate RMA here: tern serves it (served_takes) */
     uint32_t next_token;
     struct ucx_op *awaited;  /* served gets and puts awaiting replies, by token */
     struct ucx_mr *mr_by_id; /* our registrations, for the gets we serve */
@@ -532,7 +531,7 @@ int tern__ucx_serves_rma(tern_ep_t *ep, size_t len)
 {
     const ucx_ep_t *uep = to_ucx_ep(ep);
 
-    return uep->served && !cma_takes(uep, len);
+    return uep->tp->served_rma && !cma_takes(uep, len);
 }
 
 /* ---- status ---- */
@@ -2512,6 +2511,16 @@ static bool cma_usable(const ucx_ep_t *ep, const ucx_rkey_t *rk, size_t len,
     return cma_takes(ep, len) && rk->host && mem_type_of(params) == UCS_MEMORY_TYPE_HOST;
 }
 
+/* Whether a host-memory put or get that cma_copy did not take goes as tern
+ * AMs the target answers (serve_get, serve_put). Shared memory too: UCX's
+ * own answers there read a raw address with no check, whatever its region
+ * has become, and crash its purge at close (docs/transport-ucx.md). */
+static bool served_takes(const ucx_ep_t *ep, const ucx_rkey_t *rk,
+                         const tern_op_params_t *params)
+{
+    return ep->tp->served_rma && rk->host && mem_type_of(params) == UCS_MEMORY_TYPE_HOST;
+}
+
 /* Connect ep's notice channel to the peer's listener and say which endpoint it is. */
 static void ep_notice_connect(ucx_ep_t *ep, uint32_t pid, uint64_t key)
 {
@@ -3353,10 +3362,6 @@ static tern_status_t ucx_ep_create(tern_transport_t *btp, uint32_t peer, const v
                           "ucx: ucp_ep_create to peer %u: %s", peer, ucs_status_string(st));
         goto out;
     }
-    /* Shared memory too: UCX's own answers there read a raw address with no
-     * check, whatever its region has become, and crash its purge at close
-     * (docs/transport-ucx.md). What cma_copy takes is not served. */
-    ep->served = tp->served_rma;
     if (!ep->peer_mode && (tern__get_le32(a + 20) & ADDR_F_NOTICE))
         ep_notice_connect(ep, tern__get_le32(a + 24), tern__get_le64(a + 32));
     link_add_tail(&tp->eps, &ep->link);
@@ -3642,7 +3647,7 @@ static tern_status_t ucx_put(tern_ep_t *bep, const void *buf, size_t len, uint64
         else if (st != TERN_ERR_UNSUPPORTED)
             return st;
     }
-    if (!moved && ep->served && rk->host && mem_type_of(params) == UCS_MEMORY_TYPE_HOST)
+    if (!moved && served_takes(ep, rk, params))
         return put_request(ep, buf, len, raddr, rk, params, has_imm);
     if ((op = op_new(ep->tp, ep, has_imm ? OP_PUT_IMM : OP_PUT, params)) == NULL)
         return tern__error(TERN_ERR_NO_MEMORY, "tern_ep_put: no memory for the operation");
@@ -3730,7 +3735,7 @@ static tern_status_t ucx_get(tern_ep_t *bep, void *buf, size_t len, uint64_t rad
     if (cma_usable(ep, rk, len, params) &&
         (st = cma_copy(ep, buf, len, raddr, false)) != TERN_ERR_UNSUPPORTED)
         return st;
-    if (ep->served && rk->host && mem_type_of(params) == UCS_MEMORY_TYPE_HOST)
+    if (served_takes(ep, rk, params))
         return get_request(ep, rk, buf, len, raddr, params);
     if ((op = op_new(ep->tp, ep, OP_GET, params)) == NULL)
         return tern__error(TERN_ERR_NO_MEMORY, "tern_ep_get: no memory for the operation");
