@@ -777,22 +777,29 @@ static void test_bad_keys_rejected(void **state)
 int tern__ucx_serves_rma(tern_ep_t *ep, size_t len);
 #endif
 
+/* Whether the provider is ucx and serves a's gets and puts of len bytes
+ * itself, which lets their target check them. */
+static int ucx_served(pair_t *p, size_t len)
+{
+#ifdef TERN_HAVE_UCX
+    return strcmp(provider, "ucx") == 0 && tern__ucx_serves_rma(p->a.ep, len);
+#else
+    (void)p;
+    (void)len;
+    return 0;
+#endif
+}
+
 /* A key whose region was unregistered is refused (TERN_ERR_ACCESS at both ends). */
 static void test_revoked_key(void **state)
 {
     pair_t *p = *state;
     region_t local, remote;
-    if (strcmp(provider, "ucx") == 0) {
-        /* One-sided UCX RMA cannot be checked by its target; the puts and
-         * gets that the ucx provider serves itself (where UCX would emulate
-         * them) are (docs/transport-ucx.md). */
-#ifdef TERN_HAVE_UCX
-        if (!tern__ucx_serves_rma(p->a.ep, 64))
-            skip();
-#else
+    /* One-sided UCX RMA cannot be checked by its target; the puts and gets
+     * that the ucx provider serves itself (where UCX would emulate them) are
+     * (docs/transport-ucx.md). */
+    if (strcmp(provider, "ucx") == 0 && !ucx_served(p, 64))
         skip();
-#endif
-    }
     region_make(p, &local, 4096, RW, 0);
     region_make(p, &remote, 4096, RW, 1);
     /* A key that was good: the get works, the put too where checked. */
@@ -816,14 +823,8 @@ static void test_unmapped_region(void **state)
     pair_t *p = *state;
     const size_t len = 64 * 1024;
     region_t local, remote;
-    if (strcmp(provider, "ucx") == 0) {
-#ifdef TERN_HAVE_UCX
-        if (!tern__ucx_serves_rma(p->a.ep, len))
-            skip();
-#else
+    if (strcmp(provider, "ucx") == 0 && !ucx_served(p, len))
         skip();
-#endif
-    }
     region_make(p, &local, len, RW, 0);
     uint8_t *mem = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     assert_true(mem != MAP_FAILED);
@@ -925,11 +926,7 @@ static void test_revoke_mid_put(void **state)
     pair_t *p = *state;
     region_t local, remote;
     const size_t len = 64u << 20;
-    int served = 0;
-#ifdef TERN_HAVE_UCX
-    served = strcmp(provider, "ucx") == 0 && tern__ucx_serves_rma(p->a.ep, len);
-#endif
-    if (!p->b.attr.revokes_keys && !served)
+    if (!p->b.attr.revokes_keys && !ucx_served(p, len))
         skip();
     region_make(p, &local, len, RW, 0);
     region_make(p, &remote, len, RW, 1);
@@ -1701,10 +1698,7 @@ static void dereg_during_get(pair_t *p, int landed)
 {
     const size_t len = 64u << 20;
     region_t local, remote;
-    int served = 0;
-#ifdef TERN_HAVE_UCX
-    served = strcmp(provider, "ucx") == 0 && tern__ucx_serves_rma(p->a.ep, len);
-#endif
+    const int served = ucx_served(p, len);
     if (!p->b.attr.revokes_keys && !served)
         skip();
     region_make(p, &local, len, RW, 0);
