@@ -836,6 +836,32 @@ static void test_peer_transport_closes(void **state)
     free(r.mem);     /* its registration went with b's transport */
 }
 
+/* A transport that closes before it ever looked at a peer's new endpoint
+ * (the peer's notice channel still in its listener's backlog, as in a short
+ * run under load) still says it closed on purpose, unparked: the peer neither
+ * takes it for a death nor parks its own worker at close (which leaked what
+ * UCX allocated for that worker under the sanitizer). */
+static void test_peer_closes_before_accepting(void **state)
+{
+    (void)state;
+    const char *tls = getenv("UCX_TLS");
+    if (tls == NULL || strcmp(tls, "sm") != 0)
+        skip(); /* peer failure by UCX itself: no notice channel */
+    pair_t p = {0};
+    p.a.tp = open_ucx(0, &p.a, 0);
+    p.b.tp = open_ucx(1, &p.b, 0);
+    p.a.ep = connect_one(p.a.tp, p.b.tp, 1); /* b never progresses before it closes */
+    tern_transport_close(p.b.tp);
+    p.b.tp = NULL;
+    PUMP(&p, count(&p.a, TERN_EVENT_ERROR) >= 1, "the loss event");
+    const tern_event_t *ev = nth(&p.a, TERN_EVENT_ERROR, 0);
+    assert_int_equal(ev->src, 1);
+    assert_int_equal(ev->status, TERN_ERR_CLOSED); /* on purpose, not PEER_LOST */
+    assert_int_equal(tern__ucx_parks_at_close(p.a.tp), 0);
+    tern_transport_close(p.a.tp);
+    forget_events(&p.a);
+}
+
 /* Closing a transport with ops in flight completes them with TERN_ERR_CANCELED
  * (and leaks nothing: the sanitizer run checks). */
 static void test_close_cancels(void **state)
@@ -1433,6 +1459,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_malformed_address_and_key, setup, teardown),
         cmocka_unit_test_setup_teardown(test_ep_destroy_cancels, setup, teardown),
         cmocka_unit_test_setup_teardown(test_peer_transport_closes, setup, teardown),
+        cmocka_unit_test(test_peer_closes_before_accepting),
         cmocka_unit_test_setup_teardown(test_close_cancels, setup, teardown),
         cmocka_unit_test_setup_teardown(test_destroy_from_cancel_callback, setup, teardown),
         cmocka_unit_test(test_ep_destroy_backlog),

@@ -4083,6 +4083,22 @@ static void park(ucp_worker_h worker, ucp_context_h ctx)
         ;
 }
 
+/* Tell the peer endpoint on channel c that this transport closes on purpose
+ * (it may have no BYE from us: we never had an endpoint to it), not that it
+ * died, and whether its UCX worker is parked. */
+static void notice_gone(ucx_tp_t *tp, notice_conn_t *c, bool parked)
+{
+    uint8_t gone[NOTICE_HDR_LEN];
+    ssize_t r;
+
+    while (!c->hello && (r = notice_recv(c->fd, gone, sizeof(gone))) > 0)
+        if (r == (ssize_t)NOTICE_HDR_LEN && gone[0] == NOTICE_HELLO && gone[1] == WIRE_VERSION)
+            notice_take_hello(c, gone); /* a channel not read yet: it names the endpoint */
+    notice_fill(gone, NOTICE_GONE, tp->base.self_id, c->conn, parked ? GONE_PARKED : 0, 0);
+    if (c->hello && send(c->fd, gone, sizeof(gone), MSG_NOSIGNAL | MSG_DONTWAIT) < 0)
+        tern_debug("ucx: goodbye to peer %u's endpoint not sent: %s", c->src, strerror(errno));
+}
+
 /* Free a transport built up to any point (fields zeroed where not built).
  * With keep_worker (UCX still busy or still holding queued sends: ucx_close)
  * the worker and its context are parked, never progressed again, so UCX
@@ -4153,24 +4169,26 @@ static void tp_fini(ucx_tp_t *tp, bool keep_worker)
         zombie_free(link_entry(tp->zombie_eps.next, ucx_ep_t, link));
     while (!link_empty(&tp->notice_conns)) {
         notice_conn_t *c = link_entry(tp->notice_conns.next, notice_conn_t, link);
-        /* A peer's endpoint to us hears that this transport closes on
-         * purpose (it may have no BYE from us: we never had an endpoint
-         * to it), not that it died. */
-        uint8_t gone[NOTICE_HDR_LEN];
-        ssize_t r;
-        while (!c->hello && (r = notice_recv(c->fd, gone, sizeof(gone))) > 0)
-            if (r == (ssize_t)NOTICE_HDR_LEN && gone[0] == NOTICE_HELLO && gone[1] == WIRE_VERSION)
-                notice_take_hello(c, gone); /* a channel not read yet: it names the endpoint */
-        notice_fill(gone, NOTICE_GONE, tp->base.self_id, c->conn, keep_worker ? GONE_PARKED : 0,
-                    0);
-        if (c->hello && send(c->fd, gone, sizeof(gone), MSG_NOSIGNAL | MSG_DONTWAIT) < 0)
-            tern_debug("ucx: goodbye to peer %u's endpoint not sent: %s", c->src, strerror(errno));
+        notice_gone(tp, c, keep_worker);
         link_del(&c->link);
         close(c->fd);
         free(c);
     }
-    if (tp->lfd >= 0)
+    if (tp->lfd >= 0) {
+        /* Channels still in the listener's backlog: a peer that connected
+         * since we last looked would otherwise take our hang-up for a death
+         * and park its worker at its own close (a short run under load). */
+        notice_conn_t c = {.fd = -1};
+        while ((c.fd = accept4(tp->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC)) >= 0 ||
+               errno == EINTR || errno == ECONNABORTED) {
+            if (c.fd < 0)
+                continue;
+            c.hello = false;
+            notice_gone(tp, &c, keep_worker);
+            close(c.fd);
+        }
         close(tp->lfd);
+    }
     if (tp->tfd >= 0)
         close(tp->tfd);
     if (tp->epfd >= 0)
