@@ -145,6 +145,9 @@ _Static_assert(SHORT_HDR_LEN <= TERN_INLINE_PREFIX_MAX, "the header is the inlin
 #define ORPHAN_WAIT_NS (250ull * 1000 * 1000)
 /* Progress calls in a row with nothing done: UCX's worker has no local work left. */
 #define CLOSE_IDLE_POLLS 1000u
+/* How long a closing transport waits for the HELLO of a notice channel it
+ * accepts (or accepted) without one (notice_gone). */
+#define HELLO_WAIT_NS (20ull * 1000 * 1000)
 
 /* Look at the notice sockets at least this often, by the coarse clock: a
  * precise read on every progress call cost a quarter of a small message's
@@ -4091,9 +4094,16 @@ static void notice_gone(ucx_tp_t *tp, notice_conn_t *c, bool parked)
     uint8_t gone[NOTICE_HDR_LEN];
     ssize_t r;
 
-    while (!c->hello && (r = notice_recv(c->fd, gone, sizeof(gone))) > 0)
+    /* The peer sends its HELLO right after connecting: a channel accepted
+     * in between gets a moment for it. */
+    const uint64_t deadline = tern_clock_ns() + HELLO_WAIT_NS;
+    while (!c->hello && (r = notice_recv(c->fd, gone, sizeof(gone))) >= 0) {
         if (r == (ssize_t)NOTICE_HDR_LEN && gone[0] == NOTICE_HELLO && gone[1] == WIRE_VERSION)
             notice_take_hello(c, gone); /* a channel not read yet: it names the endpoint */
+        struct pollfd pfd = {.fd = c->fd, .events = POLLIN};
+        if (r == 0 && (tern_clock_ns() >= deadline || poll(&pfd, 1, 1) < 0))
+            break;
+    }
     notice_fill(gone, NOTICE_GONE, tp->base.self_id, c->conn, parked ? GONE_PARKED : 0, 0);
     if (c->hello && send(c->fd, gone, sizeof(gone), MSG_NOSIGNAL | MSG_DONTWAIT) < 0)
         tern_debug("ucx: goodbye to peer %u's endpoint not sent: %s", c->src, strerror(errno));
