@@ -21,6 +21,11 @@
 /* Sizes below which latency-bound algorithms win (docs/collectives.md has
  * the measurements behind them). */
 #define AR_RD_MAX (16u * 1024)       /* all_reduce: recursive doubling up to this */
+/* On 2 ranks recursive doubling moves the same bytes as Rabenseifner (the
+ * whole buffer each way) in one exchange instead of two: one rendezvous
+ * instead of two, both directions busy the whole call, for a second
+ * reduction of half the buffer. That wins up to here (docs/collectives.md). */
+#define AR_RD_MAX_PAIR (1u << 20)
 /* all_reduce: then Rabenseifner up to these (docs/collectives.md has the
  * measurements), then the ring: on 4, 8, 16... ranks over shared memory, and
  * over a network path; on 2, where above it the ring's overlap of reduction
@@ -233,9 +238,11 @@ tern_status_t tern_all_reduce(tern_group_t *g, const void *sbuf, void *rbuf, siz
                            "same (pass one pointer twice for in place)");
     int algo = (int)cfg_of(g)->coll_algo_allreduce;
     if (algo == AR_AUTO)
-        algo = bytes <= AR_RD_MAX || count < (size_t)g->size ? AR_RD
-               : bytes <= rab_max(g, sbuf == rbuf)           ? AR_RAB
-                                                             : AR_RING;
+        algo = bytes <= AR_RD_MAX || count < (size_t)g->size ||
+                       (g->size == 2 && bytes <= AR_RD_MAX_PAIR)
+                   ? AR_RD
+               : bytes <= rab_max(g, sbuf == rbuf) ? AR_RAB
+                                                   : AR_RING;
     tern__coll_t *c = coll_new(&k, dtype, op, count, -1, algo, AR_NAMES[algo]);
     if (c == NULL)
         return TERN_ERR_NO_MEMORY;

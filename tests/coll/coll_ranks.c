@@ -1095,9 +1095,10 @@ static const char *algo_want(const char *var, const char *auto_choice)
 static const char *ar_algo(int n, size_t count, size_t es, bool in_place)
 {
     size_t bytes = count * es;
-    const char *auto_choice = bytes <= 16u * 1024 || count < (size_t)n ? "rd"
-                              : bytes <= ar_rab_max(n, in_place)        ? "rabenseifner"
-                                                                        : "ring";
+    const char *auto_choice =
+        bytes <= 16u * 1024 || count < (size_t)n || (n == 2 && bytes <= 1u << 20) ? "rd"
+        : bytes <= ar_rab_max(n, in_place)                                        ? "rabenseifner"
+                                                                                  : "ring";
     return algo_want("TERN_COLL_ALGO_ALLREDUCE", auto_choice);
 }
 
