@@ -249,18 +249,25 @@ static void allreduce_rd(tern__coll_t *c, const void *sbuf, void *rbuf, size_t c
         steps++;
     }
     int rem = n - p2;
-    char *tmp = tern__coll_scratch(c, bytes * (size_t)(steps + 1));
-    if (bytes > 0 && tmp == NULL)
+    /* Receive slots: a whole buffer per level, after the fold's on a rank
+     * that takes one in, as allreduce_rab's (a power of two has no fold: a
+     * pair's scratch is the buffer, not twice it). A rank that hands its data
+     * to a folding partner receives only the result, into the output. */
+    const bool gives = r < 2 * rem && r % 2 == 0;
+    const size_t fold = r < 2 * rem && !gives ? bytes : 0;
+    const size_t need = gives ? 0 : fold + bytes * (size_t)steps;
+    char *tmp = need > 0 ? tern__coll_scratch(c, need) : NULL;
+    if (need > 0 && tmp == NULL)
         return;
     const void *src;
     int last,
         newrank = fold_in(c, sbuf, rbuf, count, rem, tmp, (uint32_t)steps + 1, &src, &last);
     if (newrank < 0)
         return;
-    for (int i = 1, mask = 1; mask < p2; mask <<= 1, i++) {
+    for (int i = 1, mask = 1; mask < p2; mask <<= 1, i++) { /* i: the level's tag (fold 0) */
         int pn = newrank ^ mask;
         int peer = pn < rem ? pn * 2 + 1 : pn + rem;
-        char *t = tmp + (size_t)i * bytes;
+        char *t = tmp + fold + (size_t)(i - 1) * bytes;
         int snd = tern__coll_send(c, peer, (uint32_t)i, src, bytes, last, -1);
         int rcv = tern__coll_recv(c, peer, (uint32_t)i, t, bytes, -1, -1);
         last = peer < r ? tern__coll_reduce(c, rbuf, t, src, count, rcv, snd)
