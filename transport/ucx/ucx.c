@@ -4188,14 +4188,15 @@ static void tp_fini(ucx_tp_t *tp, bool keep_worker)
         /* Channels still in the listener's backlog: a peer that connected
          * since we last looked would otherwise take our hang-up for a death
          * and park its worker at its own close (a short run under load). */
-        notice_conn_t c = {.fd = -1};
-        while ((c.fd = accept4(tp->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC)) >= 0 ||
-               errno == EINTR || errno == ECONNABORTED) {
-            if (c.fd < 0)
+        for (;;) {
+            int fd = accept4(tp->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+            if (fd < 0 && (errno == EINTR || errno == ECONNABORTED))
                 continue;
-            c.hello = false;
+            if (fd < 0)
+                break;
+            notice_conn_t c = {.fd = fd};
             notice_gone(tp, &c, keep_worker);
-            close(c.fd);
+            close(fd);
         }
         close(tp->lfd);
     }
