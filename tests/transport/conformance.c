@@ -757,6 +757,30 @@ static void test_bad_keys_rejected(void **state)
     assert_int_equal(get_wait(p, &p->a, &local, 0, &ro, 0, 100), TERN_OK);
     assert_int_equal(put_wait(p, &p->a, &local, 0, &wo, 0, 100, 0, 0), TERN_OK);
 
+    /* A region registered for local use only: its key unpacks (ucx maps
+     * nothing for it, so the key carries no UCX part) but grants nothing,
+     * and it serves as the local side of a get and of a put. */
+    region_t lo, lo_local;
+    region_make(p, &lo, 4096, TERN_ACCESS_LOCAL, 1);
+    region_make(p, &lo_local, 4096, TERN_ACCESS_LOCAL, 0);
+    memset(lo.mem, 0x5a, 4096);
+    expect_refused(p, put_wait(p, &p->a, &local, 0, &lo, 0, 100, 0, 0), p->b.nerror,
+                   "put into a local-only region");
+    expect_refused(p, get_wait(p, &p->a, &local, 0, &lo, 0, 100), p->b.nerror,
+                   "get from a local-only region");
+    for (size_t i = 0; i < 4096; i++)
+        assert_int_equal(lo.mem[i], 0x5a);
+    memset(lo_local.mem, 0, 4096);
+    assert_int_equal(get_wait(p, &p->a, &lo_local, 0, &ro, 0, 4096), TERN_OK);
+    for (size_t i = 0; i < 4096; i++)
+        assert_int_equal(lo_local.mem[i], 0x5a);
+    memset(lo_local.mem, 0x3c, 4096);
+    assert_int_equal(put_wait(p, &p->a, &lo_local, 0, &wo, 0, 4096, 0, 0), TERN_OK);
+    for (size_t i = 0; i < 4096; i++)
+        assert_int_equal(wo.mem[i], 0x3c);
+    region_free(&lo);
+    region_free(&lo_local);
+
     /* Malformed keys are refused at unpack. */
     tern_rkey_t *rk = NULL;
     uint8_t junk[64];
