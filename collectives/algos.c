@@ -211,6 +211,16 @@ oom:
  * else sbuf: the first step reads it there and writes rbuf, which saves
  * copying the whole input) and *last the step that put it there.
  */
+/* A rank's part in fold_in's fold: *gives when it hands its data to a
+ * folding partner (and receives only the result, into the output); a rank
+ * that takes one in needs a slot of the buffer's size for it, returned (0
+ * for the others). */
+static size_t fold_slot(int r, int rem, size_t bytes, bool *gives)
+{
+    *gives = r < 2 * rem && r % 2 == 0;
+    return r < 2 * rem && !*gives ? bytes : 0;
+}
+
 static int fold_in(tern__coll_t *c, const void *sbuf, void *rbuf, size_t count, int rem, char *tmp,
                    uint32_t fin_tag, const void **src, int *last)
 {
@@ -253,8 +263,8 @@ static void allreduce_rd(tern__coll_t *c, const void *sbuf, void *rbuf, size_t c
      * that takes one in, as allreduce_rab's (a power of two has no fold: a
      * pair's scratch is the buffer, not twice it). A rank that hands its data
      * to a folding partner receives only the result, into the output. */
-    const bool gives = r < 2 * rem && r % 2 == 0;
-    const size_t fold = r < 2 * rem && !gives ? bytes : 0;
+    bool gives;
+    const size_t fold = fold_slot(r, rem, bytes, &gives);
     const size_t need = gives ? 0 : fold + bytes * (size_t)steps;
     char *tmp = need > 0 ? tern__coll_scratch(c, need) : NULL;
     if (need > 0 && tmp == NULL)
@@ -303,8 +313,8 @@ static void allreduce_rab(tern__coll_t *c, const void *sbuf, void *rbuf, size_t 
     /* Receive slots: the fold's whole buffer on a rank that takes one in (a
      * power of two has none: the scratch is then half the size, and a large
      * call's fresh pages half as many), then halves, quarters... */
-    bool gives = r < 2 * rem && r % 2 == 0; /* hands its data to a folding partner */
-    size_t fold = r < 2 * rem && !gives ? bytes : 0;
+    bool gives;
+    size_t fold = fold_slot(r, rem, bytes, &gives);
     /* Out of place and not folded, the first level receives straight into
      * the output, whose kept half holds nothing yet, and reduces there: no
      * slot, and one pass less over the largest half. */

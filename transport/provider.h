@@ -20,6 +20,8 @@
 #define TERN__ACCESS_ALL                                                                 \
     (TERN_ACCESS_LOCAL | TERN_ACCESS_REMOTE_READ | TERN_ACCESS_REMOTE_WRITE |             \
      TERN_ACCESS_REMOTE_READ_HELD)
+/* The flags that let a peer reach a region (held reads need REMOTE_READ). */
+#define TERN__ACCESS_REMOTE (TERN_ACCESS_REMOTE_READ | TERN_ACCESS_REMOTE_WRITE)
 
 /* The transport's resolved configuration: params over environment over defaults. */
 typedef struct tern__tp_config {

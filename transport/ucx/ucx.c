@@ -3779,10 +3779,9 @@ static tern_status_t ucx_mr_reg(tern_transport_t *btp, void *addr, size_t len,
      * the packed key, which grants nothing, and UCX's own operations take
      * unregistered local buffers. Every rendezvous read registers its
      * destination like this, and ucp_mem_map and ucp_mem_unmap (which
-     * drops the cache entry) cost about 3 % of a 4-rank 1 MiB all_reduce's
+     * drops the cache entry) cost about 4 % of a 4-rank 1 MiB all_reduce's
      * CPU on shared memory (docs/transport-ucx.md). */
-    if (params->mem_type == TERN_MEM_HOST &&
-        !(params->access & (TERN_ACCESS_REMOTE_READ | TERN_ACCESS_REMOTE_WRITE)))
+    if (params->mem_type == TERN_MEM_HOST && !(params->access & TERN__ACCESS_REMOTE))
         goto done;
 
     memset(&mp, 0, sizeof(mp));
@@ -3924,8 +3923,7 @@ static tern_status_t ucx_rkey_unpack(tern_ep_t *bep, const void *buf, size_t len
     if ((access & ~(all | RKEY_F_HOST)) != 0 || (access & all) == 0 || base > UINT64_MAX - rlen ||
         (uint64_t)(size_t)rlen != rlen || (rlen == 0 && ulen != 0) ||
         /* Only a region no peer may reach has no UCX key (ucx_mr_reg). */
-        (rlen > 0 && ulen == 0 &&
-         (access & (TERN_ACCESS_REMOTE_READ | TERN_ACCESS_REMOTE_WRITE)) != 0))
+        (rlen > 0 && ulen == 0 && (access & TERN__ACCESS_REMOTE) != 0))
         return tern__error(TERN_ERR_INVALID_PARAM,
                            "ucx: remote key describes no valid region (base %#llx, %llu bytes, "
                            "access %#x, %u key bytes)",
