@@ -373,12 +373,16 @@ static void allreduce_rab(tern__coll_t *c, const void *sbuf, void *rbuf, size_t 
     for (int i = steps - 1, mask = 1; i >= 0; mask <<= 1, i--) {
         int pn = newrank ^ mask, peer = pn < rem ? pn * 2 + 1 : pn + rem;
         size_t olo = lo == wlo[i] ? hi : wlo[i], ohi = lo == wlo[i] ? whi[i] : lo; /* the partner's */
-        int snd = tern__coll_send(c, peer, (uint32_t)steps + 1u + (uint32_t)i, at(rbuf, lo, es),
-                                  (hi - lo) * es, last, -1);
+        tern__coll_send(c, peer, (uint32_t)steps + 1u + (uint32_t)i, at(rbuf, lo, es),
+                        (hi - lo) * es, last, -1);
         int rcv = tern__coll_recv(c, peer, (uint32_t)steps + 1u + (uint32_t)i, at(rbuf, olo, es),
                                   (ohi - olo) * es, rs_send[i], -1);
-        /* The next level sends the union: both must be in place. */
-        last = tern__coll_copy(c, NULL, NULL, 0, snd, rcv);
+        /* The next level sends the union: both halves must be in place, but
+         * this level's send need not be over, as two sends may read one
+         * region. Waiting for it (the peer's fetch and its FIN) made each
+         * level wait on the last one's partner being scheduled: on 4 ranks
+         * over 2 cores, 10-20 % of a 1 MiB call (docs/perf.md). */
+        last = tern__coll_copy(c, NULL, NULL, 0, last, rcv);
         lo = wlo[i];
         hi = whi[i];
     }
@@ -597,17 +601,20 @@ static void allgather_bruck(tern__coll_t *c, const void *sbuf, void *rbuf, size_
     char *tmp = tern__coll_scratch(c, B * (size_t)n);
     if (B > 0 && tmp == NULL)
         return;
-    int snd = tern__coll_copy(c, tmp, sbuf, B, -1, -1), rcv = -1;
+    /* have: every block received so far is in tmp. Sends only read tmp, so
+     * nothing waits for one to be over (as allreduce_rab's all-gather). */
+    int have = tern__coll_copy(c, tmp, sbuf, B, -1, -1);
     for (int d = 1, k = 0; d < n; d <<= 1, k++) {
         int nb = d < n - d ? d : n - d;
-        snd = tern__coll_send(c, mod(r - d, n), (uint32_t)k, tmp, (size_t)nb * B, snd, rcv);
+        tern__coll_send(c, mod(r - d, n), (uint32_t)k, tmp, (size_t)nb * B, have, -1);
         /* Lands past every block sent so far: no wait for those sends. */
-        rcv = tern__coll_recv(c, mod(r + d, n), (uint32_t)k, tmp + (size_t)d * B, (size_t)nb * B,
-                              -1, -1);
+        int rcv = tern__coll_recv(c, mod(r + d, n), (uint32_t)k, tmp + (size_t)d * B,
+                                  (size_t)nb * B, -1, -1);
+        have = tern__coll_copy(c, NULL, NULL, 0, have, rcv);
     }
     for (int j = 0; j < n; j++)
-        tern__coll_copy(c, (char *)rbuf + (size_t)mod(r + j, n) * B, tmp + (size_t)j * B, B, snd,
-                        rcv);
+        tern__coll_copy(c, (char *)rbuf + (size_t)mod(r + j, n) * B, tmp + (size_t)j * B, B, have,
+                        -1);
 }
 
 void tern__build_allgatherv(tern__coll_t *c, const void *sbuf, void *rbuf, const size_t *counts,
