@@ -49,6 +49,7 @@ typedef struct tern_bench_opts {
     int root;            /* broadcast, reduce, gather, scatter */
     int check;           /* verify the last timed iteration's results */
     int inplace;         /* all_reduce: one buffer, input and output (torch's all_reduce) */
+    size_t traffic;      /* bytes a size's default iterations move (0: 64 MiB) */
 } tern_bench_opts_t;
 
 typedef struct tern_bench_result {

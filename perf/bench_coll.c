@@ -31,10 +31,11 @@
  * dtype: not 0/1 for bool, not a small integer for the others). */
 #define POISON 0xA5
 
-/* As bench.c's latency iterations: 64 MiB of traffic per size, 10 to 10000. */
-static unsigned default_iters(size_t size)
+/* As bench.c's latency iterations: 64 MiB of traffic per size (--traffic),
+ * 10 to 10000. */
+static unsigned default_iters(size_t size, size_t traffic)
 {
-    uint64_t n = (64ull << 20) / (size ? size : 1);
+    uint64_t n = (uint64_t)(traffic ? traffic : 64u << 20) / (size ? size : 1);
     return n < 10 ? 10 : n > 10000 ? 10000 : (unsigned)n;
 }
 
@@ -433,7 +434,7 @@ tern_status_t tern_bench_coll_run(tern_ctx_t *ctx, const tern_bench_opts_t *o, s
 
     size_t c;
     res->size = tern_bench_coll_size(t, size, es, n, &c);
-    unsigned iters = o->iters ? o->iters : default_iters(res->size);
+    unsigned iters = o->iters ? o->iters : default_iters(res->size, o->traffic);
     unsigned warmup = tern_bench_warmup(o, iters);
     res->iters = iters;
     int root = is_rooted(t) ? o->root : 0, is_root = (int)k == root;

@@ -16,7 +16,8 @@
 #   SECTION=p2p|coll|all (default all) picks the point-to-point rows, the
 #   collectives or both; the collectives also write OUT_DIR/coll_curves.csv
 #   (OUT_DIR defaults to BUILD_DIR/perf), which perf/plot_coll.sh plots, and
-#   keep each run's CSV in OUT_DIR/coll_runs. COLL_INPLACE=1 runs every
+#   keep each run's CSV in OUT_DIR/coll_runs. COLL_TRAFFIC (default 512M)
+#   sets the collectives' calls per size on both sides. COLL_INPLACE=1 runs every
 #   all_reduce in place on both sides (torch.distributed's form). BIND=core
 #   pins the ranks on both sides alike, rank r to core r mod the cores
 #   (tern-run --bind-to core; mpirun --map-by core --bind-to
@@ -227,13 +228,17 @@ if [ "$SECTION" = p2p ]; then goals; whole_steal; exit 0; fi
 # nccl-tests' method and columns (docs/perf.md): busbw in GB/s (higher is
 # better), latency = average time of one call in us, slowest rank (lower is
 # better). all_reduce f32 sum: one run per transport and rank count covers
-# every size of COLL_SIZES, with tern-perf's iterations by size (64 MiB of
-# traffic per size, 10 to 10000 calls), so a repeat of the whole section
-# costs about half a minute here. 4 ranks on 2 cores are oversubscribed, for
-# tern and MPI alike.
+# every size of COLL_SIZES, with the iterations by size of COLL_TRAFFIC
+# bytes (default 512M: 512 calls at 1 MiB, 128 at 4 MiB; 10 to 10000 calls)
+# on both sides, so that each point spans a quarter second or more of this
+# host's hiccups rather than a few milliseconds (the tools' own default,
+# 64 MiB, is 16 calls at 4 MiB); a repeat of the whole section costs about
+# a minute here. 4 ranks on 2 cores are oversubscribed, for tern and MPI
+# alike.
 MPIC=$B/perf/mpi-coll
 COLL_SIZES=${COLL_SIZES:-8,1k,4k,16k,64k,256k,1M,4M,16M,64M}
 COLL_RANKS=${COLL_RANKS:-2 4}
+COLL_TRAFFIC=${COLL_TRAFFIC:-512M}
 OUT_DIR=${OUT_DIR:-$B/perf}
 mkdir -p "$OUT_DIR"
 have_mpic=0; [ -x "$MPIC" ] && have_mpic=1
@@ -252,12 +257,12 @@ ar_extra=()
 tern_coll() { # transport ranks test sizes [VAR=value...]
     local extra=()
     [ "$3" = allreduce ] && extra=("${ar_extra[@]}")
-    env "${@:5}" timeout 300 "$RUN" -n "$2" "${tern_bind[@]}" --no-prefix "$PERF" "$3" --transport "$1" --sizes "$4" "${extra[@]}" --format csv ||
+    env "${@:5}" timeout 300 "$RUN" -n "$2" "${tern_bind[@]}" --no-prefix "$PERF" "$3" --transport "$1" --sizes "$4" --traffic "$COLL_TRAFFIC" "${extra[@]}" --format csv ||
         echo "# tern-perf $3 over $1 with $2 ranks failed" >&2; }
 mpi_coll() { # ranks test sizes [mpirun options...]
     local extra=()
     [ "$2" = allreduce ] && extra=("${ar_extra[@]}")
-    timeout 300 mpirun "${root[@]}" "${mpi_place[@]}" -np "$1" "${@:4}" "$MPIC" "$2" --sizes "$3" "${extra[@]}" 2>/dev/null ||
+    timeout 300 mpirun "${root[@]}" "${mpi_place[@]}" -np "$1" "${@:4}" "$MPIC" "$2" --sizes "$3" --traffic "$COLL_TRAFFIC" "${extra[@]}" 2>/dev/null ||
         echo "# mpi-coll $2 with $1 ranks failed" >&2; }
 # One column (5 size, 8 lat_us_avg, 10 algbw, 11 busbw) of the row for size in
 # each file, median over the files.

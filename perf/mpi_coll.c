@@ -98,10 +98,11 @@ static int parse_count(const char *s, unsigned *out, int zero_ok)
     return 0;
 }
 
-/* As tern-perf's collective tests: 64 MiB of traffic per size, 10 to 10000. */
-static unsigned default_iters(size_t size)
+/* As tern-perf's collective tests: 64 MiB of traffic per size (--traffic),
+ * 10 to 10000. */
+static unsigned default_iters(size_t size, size_t traffic)
 {
-    uint64_t n = (64ull << 20) / (size ? size : 1);
+    uint64_t n = (uint64_t)traffic / (size ? size : 1);
     return n < 10 ? 10 : n > 10000 ? 10000 : (unsigned)n;
 }
 
@@ -146,7 +147,7 @@ static void usage(void)
     fprintf(stderr, "usage: mpi-coll TEST [--sizes LIST | --min-size N --max-size M] [--iters N]\n"
                     "                [--warmup N] [--dtype f32|f64|i8|i16|i32|i64|u8]\n"
                     "                [--op sum|prod|max|min] [--root N] [--format csv]\n"
-                    "                [--inplace (allreduce)]\n"
+                    "                [--inplace (allreduce)] [--traffic BYTES (default 64M)]\n"
                     "TEST: allreduce broadcast reduce allgather reduce_scatter alltoall gather\n"
                     "      scatter barrier\n");
 }
@@ -162,7 +163,7 @@ int main(int argc, char **argv)
     enum test t = BARRIER;
     int found = 0, dt = 0, op = 0, inplace = 0;
     unsigned iters = 0, warmup = 0, root = 0, nsizes = 0;
-    size_t sizes[64], min_size = 1, max_size = 4u << 20;
+    size_t sizes[64], min_size = 1, max_size = 4u << 20, traffic = 64u << 20;
     const char *bad = NULL;
     for (unsigned i = 0; argc > 1 && i < sizeof(tests) / sizeof(tests[0]); i++)
         if (strcmp(argv[1], tests[i]) == 0)
@@ -196,6 +197,9 @@ int main(int argc, char **argv)
                 bad = v;
         } else if (strcmp(a, "--iters") == 0) {
             if (parse_count(v, &iters, 0) != 0)
+                bad = v;
+        } else if (strcmp(a, "--traffic") == 0) {
+            if (parse_size(v, &traffic) != 0 || traffic == 0)
                 bad = v;
         } else if (strcmp(a, "--warmup") == 0) {
             if (parse_count(v, &warmup, 1) != 0)
@@ -262,7 +266,7 @@ int main(int argc, char **argv)
             rc = 2;
             break;
         }
-        unsigned it = iters ? iters : default_iters(size);
+        unsigned it = iters ? iters : default_iters(size, traffic);
         unsigned warm =
             warmup ? warmup : (it / 10 > 2 ? it / 10 : 2); /* 0: by size, as tern-perf */
         size_t sn = c, rn = c; /* elements of each buffer on this rank */

@@ -68,6 +68,8 @@ static void usage(FILE *f)
             "                       computed here; exit 1 on a wrong element\n"
             "  --inplace            allreduce: one buffer for input and output, as\n"
             "                       torch.distributed's all_reduce (nccl-tests' in-place)\n"
+            "  --traffic BYTES      payload per size that sets the default iterations:\n"
+            "                       BYTES / size calls, 10 to 10000 (default 64M)\n"
             "clock only:\n"
             "  --samples N          ping-pongs per estimate (default 0: TERN_PROF_CLOCK_SAMPLES)\n"
             "  --skew-rank R        with --skew-ns: rank R alone sets TERN_CLOCK_SKEW_NS=N\n"
@@ -99,7 +101,7 @@ static int takes_value(const char *a)
     static const char *const names[] = {
         "--transport", "--mem",   "--sizes", "--min-size", "--max-size", "--iters",
         "--warmup",    "--window", "--dtype", "--op",       "--root",     "--format",
-        "--samples",   "--skew-rank", "--skew-ns", "--batches", "--ranges"};
+        "--samples",   "--skew-rank", "--skew-ns", "--batches", "--ranges", "--traffic"};
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
         if (strcmp(a, names[i]) == 0)
             return 1;
@@ -578,6 +580,12 @@ int main(int argc, char **argv)
                 opts.warmup = (unsigned)n, opts.warmup_given = 1;
             else
                 opts.window = (unsigned)n;
+        } else if (strcmp(a, "--traffic") == 0) {
+            if (parse_size(v, &opts.traffic) != 0 || opts.traffic == 0) {
+                fprintf(stderr, "tern-perf: bad traffic '%s' (bytes, more than 0)\n", v);
+                return 2;
+            }
+            coll_opt = 1, coll_arg = a;
         } else if (strcmp(a, "--dtype") == 0) {
             if (tern_dtype_parse(v, &opts.dtype) != TERN_OK) {
                 fprintf(stderr, "tern-perf: unknown dtype '%s'\n", v);

@@ -151,7 +151,15 @@ grep -q "^# tern-perf broadcast: transport tcp on .*, 2 ranks, f32, root 1$" <<<
 grep -q "busbw_GBps" <<<"$table" || fail "collective table columns: $table"
 grep -q "^# --check: every rank's results matched" <<<"$table" || fail "collective table check line: $table"
 
+# --traffic sets the calls per size: 1 MiB / 64 KiB = 16, and never fewer than 10.
+iters=$("$RUN" -n 2 --no-prefix "$PERF" allreduce --sizes 64k,1M --traffic 1M --format csv | tail -n +2 | cut -d, -f6 | paste -sd,)
+[ "$iters" = 16,10 ] || fail "--traffic 1M at 64k,1M gave iters '$iters'"
+
 # Bad collective input is refused before anything runs.
+err=$("$PERF" allreduce --traffic 0 2>&1) && fail "--traffic 0 accepted"
+grep -q "bad traffic" <<<"$err" || fail "--traffic 0 message: $err"
+err=$("$PERF" lat --traffic 1M 2>&1) && fail "--traffic accepted for lat"
+grep -q "collective tests only" <<<"$err" || fail "--traffic for lat message: $err"
 err=$("$PERF" allreduce --op avg --dtype i32 2>&1) && fail "avg of i32 accepted"
 grep -q "floating" <<<"$err" || fail "avg of i32 message: $err"
 err=$("$PERF" lat --dtype f64 2>&1) && fail "--dtype accepted for lat"
