@@ -32,6 +32,8 @@
 uint64_t tern__ucx_rndv_count(const tern_transport_t *tp);
 /* Whether closing tp will leave its UCX worker parked (tests only). */
 int tern__ucx_parks_at_close(tern_transport_t *tp);
+/* UCX maps tp keeps past their registrations, and how many are held (tests only). */
+int tern__ucx_kept_maps(tern_transport_t *tp, unsigned *in_use);
 
 #define SEC 1000000000ull
 #define MAX_EV 4096
@@ -532,6 +534,89 @@ static void test_put_get_sizes(void **state)
     PUMP(p, count(&p->b, TERN_EVENT_ERROR) == errors + 1, "the refusal's notice");
     region_free(&l);
     region_free(&e);
+}
+
+/* A registration's UCX map outlives it (the provider keeps it for the next
+ * registration of the same range), but the registration does not: its key
+ * is refused once it is gone, a new one of the same range reads what the
+ * memory holds now, and no more maps are kept than the provider's slots. */
+static void test_kept_maps(void **state)
+{
+    pair_t *p = *state;
+    tern_transport_t *tp = p->b.tp;
+    unsigned held;
+    int base = tern__ucx_kept_maps(tp, &held);
+    if (base < 0) {
+        print_message("this UCX pins what it maps: no maps kept\n");
+        return;
+    }
+    region_t l, r, again, ro;
+    region(p, &l, 4096, RW, 0);
+    region(p, &r, 4096, RW, 1);
+    assert_int_equal(tern__ucx_kept_maps(tp, &held), base + 1);
+    assert_int_equal(held, 1);
+    fill(r.mem, 4096, 0x11);
+    assert_int_equal(rma(p, 1, &l, 0, &r, 0, 4096, NULL), TERN_OK);
+    assert_true(same(l.mem, 4096, 0x11));
+
+    /* The registration goes; its key stays unpacked on a's side. */
+    tern_mr_dereg(r.mr);
+    assert_int_equal(tern__ucx_kept_maps(tp, &held), base + 1);
+    assert_int_equal(held, 0);
+    /* The same range again: the kept map, a new registration. */
+    tern_mr_params_t mp = {.field_mask = TERN_MR_PARAM_ACCESS | TERN_MR_PARAM_NO_CACHE,
+                           .access = RW};
+    uint8_t key[TERN_RKEY_MAX];
+    size_t klen = sizeof(key);
+    again = r;
+    assert_int_equal(tern_mr_reg(tp, r.mem, 4096, &mp, &again.mr), TERN_OK);
+    assert_int_equal(tern_mr_pack(again.mr, key, &klen), TERN_OK);
+    assert_int_equal(tern_rkey_unpack(p->a.ep, key, klen, &again.rkey), TERN_OK);
+    assert_int_equal(tern__ucx_kept_maps(tp, &held), base + 1);
+    assert_int_equal(held, 1);
+    fill(r.mem, 4096, 0x22);
+    memset(l.mem, 0, 4096);
+    assert_int_equal(rma(p, 1, &l, 0, &again, 0, 4096, NULL), TERN_OK);
+    assert_true(same(l.mem, 4096, 0x22));
+    /* The old key names a registration that is gone: refused (a small get
+     * is served by b's tern, which checks it), memory untouched. */
+    unsigned errors = count(&p->b, TERN_EVENT_ERROR);
+    memset(l.mem, 0, 4096);
+    assert_int_equal(rma(p, 1, &l, 0, &r, 0, 8, NULL), TERN_ERR_ACCESS);
+    PUMP(p, count(&p->b, TERN_EVENT_ERROR) == errors + 1, "the refusal's notice");
+    assert_int_equal(l.mem[0], 0);
+    tern_rkey_release(r.rkey);
+
+    /* Other access, same range: a map of its own, which works. */
+    region(p, &ro, 4096, TERN_ACCESS_LOCAL | TERN_ACCESS_REMOTE_READ, 1);
+    assert_int_equal(tern__ucx_kept_maps(tp, &held), base + 2);
+    fill(ro.mem, 4096, 0x33);
+    assert_int_equal(rma(p, 1, &l, 0, &ro, 0, 4096, NULL), TERN_OK);
+    assert_true(same(l.mem, 4096, 0x33));
+    region_free(&ro);
+    region_free(&again);
+
+    /* More live registrations than slots: the extra ones map and unmap as
+     * before, and work; once they are gone, every kept map is idle. */
+    enum { N = 40 };
+    region_t many[N];
+    for (int i = 0; i < N; i++) {
+        region(p, &many[i], 256 + (size_t)i, RW, 1);
+        fill(many[i].mem, many[i].len, (uint8_t)i);
+    }
+    int kept = tern__ucx_kept_maps(tp, &held);
+    assert_true(kept >= 1 && kept < N);
+    assert_int_equal(held, (unsigned)kept);
+    for (int i = 0; i < N; i++) {
+        memset(l.mem, 0, many[i].len);
+        assert_int_equal(rma(p, 1, &l, 0, &many[i], 0, many[i].len, NULL), TERN_OK);
+        assert_true(same(l.mem, many[i].len, (uint8_t)i));
+    }
+    for (int i = 0; i < N; i++)
+        region_free(&many[i]);
+    assert_int_equal(tern__ucx_kept_maps(tp, &held), kept);
+    assert_int_equal(held, 0);
+    region_free(&l);
 }
 
 /* The target's event comes once the data is in place; zero-byte puts with
@@ -1454,6 +1539,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_large_send, setup, teardown),
         cmocka_unit_test_setup_teardown(test_put_get_sizes, setup, teardown),
         cmocka_unit_test_setup_teardown(test_put_with_imm, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_kept_maps, setup, teardown),
         cmocka_unit_test_setup_teardown(test_one_sided_without_target_progress, setup, teardown),
         cmocka_unit_test_setup_teardown(test_refusals, setup, teardown),
         cmocka_unit_test_setup_teardown(test_malformed_address_and_key, setup, teardown),

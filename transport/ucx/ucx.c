@@ -366,11 +366,26 @@ struct ucx_ep {
     bool peer_closed; /* lost because the peer closed on purpose (its BYE): TERN_ERR_CLOSED */
 };
 
+/* A UCX map kept after its registration went (ucx_mr_reg's "Keeping"). */
+typedef struct memh_slot {
+    void *addr;
+    size_t len;
+    unsigned prot;
+    ucp_mem_h memh; /* NULL: a free slot */
+    void *rkey_buf;
+    size_t rkey_len;
+    unsigned refs;  /* registrations using it now */
+    uint64_t used;  /* tp->memh_tick at its last release: the oldest idle one goes first */
+} memh_slot_t;
+
+#define MEMH_SLOTS 16
+
 typedef struct ucx_mr {
     tern_mr_t base;
     ucp_mem_h memh; /* NULL for an empty region */
     void *rkey_buf; /* ucp_rkey_pack's, NULL for an empty region */
     size_t rkey_len;
+    memh_slot_t *slot; /* memh and rkey_buf belong to this kept map, not to the registration */
     uint32_t id;
     ucx_tp_t *tp;
     UT_hash_handle hh; /* tp->mr_by_id */
@@ -470,6 +485,9 @@ struct ucx_tp {
     unsigned nentry_cache;
     uint32_t conn_nonce, next_conn, next_reg_id;
     bool served_rma; /* UCX would emulate RMA here: tern serves it (served_takes) */
+    bool memh_keep;  /* and no transport pins what it maps: maps may be kept (ucx_mr_reg) */
+    memh_slot_t memh_slots[MEMH_SLOTS];
+    uint64_t memh_tick;
     uint32_t next_token;
     struct ucx_op *awaited;  /* served gets and puts awaiting replies, by token */
     struct ucx_mr *mr_by_id; /* our registrations, for the gets we serve */
@@ -535,6 +553,26 @@ int tern__ucx_serves_rma(tern_ep_t *ep, size_t len)
     const ucx_ep_t *uep = to_ucx_ep(ep);
 
     return uep->tp->served_rma && !cma_takes(uep, len);
+}
+
+/* Tests only: how many UCX maps tp keeps (ucx_mr_reg's "Keeping maps"), and
+ * in *in_use how many of them registrations hold now; -1 where it keeps
+ * none by design (a transport that pins what it maps). */
+int tern__ucx_kept_maps(tern_transport_t *tp, unsigned *in_use);
+
+int tern__ucx_kept_maps(tern_transport_t *btp, unsigned *in_use)
+{
+    const ucx_tp_t *tp = to_ucx_tp(btp);
+    int kept = 0;
+
+    *in_use = 0;
+    if (!tp->memh_keep)
+        return -1;
+    for (unsigned i = 0; i < MEMH_SLOTS; i++) {
+        kept += tp->memh_slots[i].memh != NULL;
+        *in_use += tp->memh_slots[i].refs > 0;
+    }
+    return kept;
 }
 
 /* ---- status ---- */
@@ -3757,7 +3795,68 @@ static tern_status_t ucx_get(tern_ep_t *bep, void *buf, size_t len, uint64_t rad
     return op_launched(op);
 }
 
-/* ---- registration ---- */
+/* ---- registration ----
+ *
+ * Keeping maps. ucp_mem_unmap drops UCX's cache entry for the region (UCX
+ * must assume the memory goes with it), so a buffer registered for every
+ * rendezvous send was mapped anew each time: ucp_mem_map, ucp_rkey_pack and
+ * ucp_mem_unmap took about 8 % of a rank's CPU in a 4-rank 1 MiB all_reduce
+ * on shared memory (docs/transport-ucx.md). Where UCX would only emulate RMA
+ * (served_rma) and neither knem nor xpmem is among its transports, a map of
+ * host memory holds no pages: it is bookkeeping for a UCX key that tern's
+ * own gets and puts (cma_copy, served) never read, so one kept past its
+ * registration cannot leave a peer reading memory that has gone. The
+ * registration itself (its id, which served gets and puts check) is made
+ * and dropped as before. */
+
+/* The kept map of exactly this range and protection, or NULL. */
+static memh_slot_t *memh_find(ucx_tp_t *tp, const void *addr, size_t len, unsigned prot)
+{
+    for (unsigned i = 0; i < MEMH_SLOTS; i++) {
+        memh_slot_t *s = &tp->memh_slots[i];
+        if (s->memh != NULL && s->addr == addr && s->len == len && s->prot == prot)
+            return s;
+    }
+    return NULL;
+}
+
+static void memh_slot_empty(ucx_tp_t *tp, memh_slot_t *s)
+{
+    ucp_rkey_buffer_release(s->rkey_buf);
+    ucp_mem_unmap(tp->ctx, s->memh);
+    memset(s, 0, sizeof(*s));
+}
+
+/* A slot for a new map: a free one, else the one idle longest, emptied;
+ * NULL when every one is in use (the map then goes with its registration). */
+static memh_slot_t *memh_slot_take(ucx_tp_t *tp)
+{
+    memh_slot_t *idle = NULL;
+    for (unsigned i = 0; i < MEMH_SLOTS; i++) {
+        memh_slot_t *s = &tp->memh_slots[i];
+        if (s->memh == NULL)
+            return s;
+        if (s->refs == 0 && (idle == NULL || s->used < idle->used))
+            idle = s;
+    }
+    if (idle != NULL)
+        memh_slot_empty(tp, idle);
+    return idle;
+}
+
+/* A registration's UCX map goes with it, unless it is kept (above). */
+static void mr_release_map(ucx_mr_t *mr)
+{
+    if (mr->slot != NULL) {
+        mr->slot->refs--;
+        mr->slot->used = ++mr->tp->memh_tick;
+        return;
+    }
+    if (mr->rkey_buf != NULL)
+        ucp_rkey_buffer_release(mr->rkey_buf);
+    if (mr->memh != NULL)
+        ucp_mem_unmap(mr->tp->ctx, mr->memh);
+}
 
 static tern_status_t ucx_mr_reg(tern_transport_t *btp, void *addr, size_t len,
                                 const tern_mr_params_t *params, tern_mr_t **mr_out)
@@ -3795,6 +3894,14 @@ static tern_status_t ucx_mr_reg(tern_transport_t *btp, void *addr, size_t len,
               ((params->access & TERN_ACCESS_REMOTE_WRITE) ? UCP_MEM_MAP_PROT_REMOTE_WRITE : 0);
     mp.memory_type =
         params->mem_type == TERN_MEM_CUDA ? UCS_MEMORY_TYPE_CUDA : UCS_MEMORY_TYPE_HOST;
+    const bool keep = tp->memh_keep && params->mem_type == TERN_MEM_HOST;
+    if (keep && (mr->slot = memh_find(tp, addr, len, mp.prot)) != NULL) {
+        mr->slot->refs++;
+        mr->memh = mr->slot->memh;
+        mr->rkey_buf = mr->slot->rkey_buf;
+        mr->rkey_len = mr->slot->rkey_len;
+        goto done;
+    }
     st = ucp_mem_map(tp->ctx, &mp, &mr->memh);
     if (st != UCS_OK) {
         mr->memh = NULL;
@@ -3818,6 +3925,9 @@ static tern_status_t ucx_mr_reg(tern_transport_t *btp, void *addr, size_t len,
                           mr->rkey_len, TERN_RKEY_MAX);
         goto out;
     }
+    if (keep && (mr->slot = memh_slot_take(tp)) != NULL)
+        *mr->slot = (memh_slot_t){.addr = addr, .len = len, .prot = mp.prot, .memh = mr->memh,
+                                  .rkey_buf = mr->rkey_buf, .rkey_len = mr->rkey_len, .refs = 1};
 done:
     tern__hash_oom = false;
     HASH_ADD(hh, tp->mr_by_id, id, sizeof(mr->id), mr);
@@ -3828,10 +3938,7 @@ done:
     *mr_out = &mr->base;
     return TERN_OK;
 out:
-    if (mr->rkey_buf != NULL)
-        ucp_rkey_buffer_release(mr->rkey_buf);
-    if (mr->memh != NULL)
-        ucp_mem_unmap(tp->ctx, mr->memh);
+    mr_release_map(mr);
     free(mr);
     return ret;
 }
@@ -3842,10 +3949,7 @@ static void ucx_mr_dereg(tern_mr_t *bmr)
 
     HASH_DEL(mr->tp->mr_by_id, mr); /* gets that name it from now on are refused */
     replies_revoke(mr);             /* and those under way read no more of it */
-    if (mr->rkey_buf != NULL)
-        ucp_rkey_buffer_release(mr->rkey_buf);
-    if (mr->memh != NULL)
-        ucp_mem_unmap(mr->tp->ctx, mr->memh);
+    mr_release_map(mr);
     free(mr);
 }
 
@@ -4036,6 +4140,7 @@ static void describe_device(ucx_tp_t *tp, const ucp_config_t *config)
      * emulates gets with AMs, and tern serves them (serve_get). */
     static const char *const emulated[] = {"tcp/",  "sysv/", "posix/", "cma/",
                                            "knem/", "xpmem/", "self/"};
+    bool pins = false;
     tp->served_rma = info != NULL;
     for (line = info; line != NULL && (line = strstr(line, "resource")) != NULL; line++) {
         const char *r = strstr(line, "-- ");
@@ -4048,6 +4153,9 @@ static void describe_device(ucx_tp_t *tp, const ucp_config_t *config)
             known = known || strncmp(r, emulated[i], strlen(emulated[i])) == 0;
         if (!known)
             tp->served_rma = false;
+        /* knem and xpmem are the emulated ones whose maps hold the memory. */
+        if (strncmp(r, "knem/", 5) == 0 || strncmp(r, "xpmem/", 6) == 0)
+            pins = true;
         /* UCX names the device of its shared-memory transports (sysv, posix,
          * cma, knem, xpmem) "memory"; "self" (a process to itself, device
          * "memory0") reaches no other process. */
@@ -4064,6 +4172,7 @@ static void describe_device(ucx_tp_t *tp, const ucp_config_t *config)
         }
         n += (size_t)w;
     }
+    tp->memh_keep = tp->served_rma && !pins;
     /* A description for people: cut short if it must be, never an error. */
     if (snprintf(tp->base.attr.device, sizeof(tp->base.attr.device), "UCX %s (UCX_TLS=%s: %s)",
                  ucp_get_version_string(), tls, res[0] ? res : "?") >=
@@ -4226,6 +4335,9 @@ static void tp_fini(ucx_tp_t *tp, bool keep_worker)
     }
     HASH_CLEAR(hh, tp->awaited);     /* every op left it as it completed: the table's own memory */
     HASH_CLEAR(hh, tp->mr_by_id); /* likewise with tern__tp_release_mrs */
+    for (unsigned i = 0; i < MEMH_SLOTS; i++) /* idle now: their registrations are gone */
+        if (tp->memh_slots[i].memh != NULL)
+            memh_slot_empty(tp, &tp->memh_slots[i]);
     if (tp->has_reply_dt && !keep_worker)
         ucp_dt_destroy(tp->reply_dt); /* after the worker: its purge finishes our replies */
     if (tp->ctx != NULL && !keep_worker)
