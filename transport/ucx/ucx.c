@@ -366,7 +366,7 @@ struct ucx_ep {
     bool peer_closed; /* lost because the peer closed on purpose (its BYE): TERN_ERR_CLOSED */
 };
 
-/* A UCX map kept after its registration went (ucx_mr_reg's "Keeping"). */
+/* A UCX map kept after its registration went ("Keeping maps", at ucx_mr_reg). */
 typedef struct memh_slot {
     void *addr;
     size_t len;
