@@ -221,6 +221,19 @@ static size_t fold_slot(int r, int rem, size_t bytes, bool *gives)
     return r < 2 * rem && !*gives ? bytes : 0;
 }
 
+/* The largest power of two <= n, with its log2 in *steps: the ranks that go
+ * on after fold_in's fold, and the levels they exchange in. */
+static int pow2_floor(int n, int *steps)
+{
+    int p2 = 1;
+    *steps = 0;
+    while (p2 * 2 <= n) {
+        p2 *= 2;
+        (*steps)++;
+    }
+    return p2;
+}
+
 static int fold_in(tern__coll_t *c, const void *sbuf, void *rbuf, size_t count, int rem, char *tmp,
                    uint32_t fin_tag, const void **src, int *last)
 {
@@ -253,11 +266,7 @@ static void allreduce_rd(tern__coll_t *c, const void *sbuf, void *rbuf, size_t c
 {
     int n = c->g->size, r = c->g->rank;
     size_t bytes = count * es_of(c);
-    int p2 = 1, steps = 0;
-    while (p2 * 2 <= n) {
-        p2 *= 2;
-        steps++;
-    }
+    int steps, p2 = pow2_floor(n, &steps);
     int rem = n - p2;
     /* Receive slots: a whole buffer per level, after the fold's on a rank
      * that takes one in, as allreduce_rab's (a power of two has no fold: a
@@ -304,11 +313,7 @@ static void allreduce_rab(tern__coll_t *c, const void *sbuf, void *rbuf, size_t 
 {
     int n = c->g->size, r = c->g->rank;
     size_t es = es_of(c), bytes = count * es;
-    int p2 = 1, steps = 0;
-    while (p2 * 2 <= n) {
-        p2 *= 2;
-        steps++;
-    }
+    int steps, p2 = pow2_floor(n, &steps);
     int rem = n - p2;
     /* Receive slots: the fold's whole buffer on a rank that takes one in (a
      * power of two has none: the scratch is then half the size, and a large
