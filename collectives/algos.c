@@ -202,15 +202,6 @@ oom:
     free(agr);
 }
 
-/*
- * The fold of rd and Rabenseifner for a non-power of two: with rem extra
- * ranks, ranks below 2*rem pair up; the even one sends its data to the odd
- * one (which computes op(even's, own) into rbuf) and waits for the result
- * (tag fin_tag). Returns the rank's number among the p2 that go on, or -1 for
- * a rank that sat out; *src is where its data is now (rbuf after a fold,
- * else sbuf: the first step reads it there and writes rbuf, which saves
- * copying the whole input) and *last the step that put it there.
- */
 /* A rank's part in fold_in's fold: *gives when it hands its data to a
  * folding partner (and receives only the result, into the output); a rank
  * that takes one in needs a slot of the buffer's size for it, returned (0
@@ -234,6 +225,15 @@ static int pow2_floor(int n, int *steps)
     return p2;
 }
 
+/*
+ * The fold of rd and Rabenseifner for a non-power of two: with rem extra
+ * ranks, ranks below 2*rem pair up; the even one sends its data to the odd
+ * one (which computes op(even's, own) into rbuf) and waits for the result
+ * (tag fin_tag). Returns the rank's number among the p2 that go on, or -1 for
+ * a rank that sat out; *src is where its data is now (rbuf after a fold,
+ * else sbuf: the first step reads it there and writes rbuf, which saves
+ * copying the whole input) and *last the step that put it there.
+ */
 static int fold_in(tern__coll_t *c, const void *sbuf, void *rbuf, size_t count, int rem, char *tmp,
                    uint32_t fin_tag, const void **src, int *last)
 {
