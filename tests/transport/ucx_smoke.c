@@ -7,6 +7,7 @@
  * Every wait is bounded (tern_clock_ns); nothing asserts a speed.
  * Run once per UCX_TLS (tcp, sm): see ucx.cmake.
  */
+#include <errno.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -34,6 +35,8 @@ uint64_t tern__ucx_rndv_count(const tern_transport_t *tp);
 int tern__ucx_parks_at_close(tern_transport_t *tp);
 /* UCX maps tp keeps past their registrations, and how many are held (tests only). */
 int tern__ucx_kept_maps(tern_transport_t *tp, unsigned *in_use);
+/* Make tp's next notice channel fail its HELLO with err (tests only). */
+void tern__ucx_fail_next_hello(tern_transport_t *tp, int err);
 
 #define SEC 1000000000ull
 #define MAX_EV 4096
@@ -947,6 +950,50 @@ static void test_peer_closes_before_accepting(void **state)
     forget_events(&p.a);
 }
 
+/* A peer that goes between our connect to its notice listener and our HELLO
+ * (the connect only queued the channel; the kernel resets it when the
+ * listener goes) is lost, as one whose listener was already gone is: with no
+ * channel a peer on shared memory that is gone is never heard of. A HELLO
+ * that fails for want of room is no loss: the endpoint works, unwatched. */
+static void test_peer_gone_before_hello(void **state)
+{
+    (void)state;
+    const char *tls = getenv("UCX_TLS");
+    if (tls == NULL || strcmp(tls, "sm") != 0)
+        skip(); /* peer failure by UCX itself: no notice channel */
+    static const int gone[] = {EPIPE, ECONNRESET};
+    for (size_t i = 0; i < sizeof(gone) / sizeof(gone[0]); i++) {
+        pair_t p = {0};
+        p.a.tp = open_ucx(0, &p.a, 0);
+        p.b.tp = open_ucx(1, &p.b, 0);
+        tern__ucx_fail_next_hello(p.a.tp, gone[i]);
+        p.a.ep = connect_one(p.a.tp, p.b.tp, 1);
+        PUMP(&p, count(&p.a, TERN_EVENT_ERROR) >= 1, "the loss event");
+        const tern_event_t *ev = nth(&p.a, TERN_EVENT_ERROR, 0);
+        assert_int_equal(ev->src, 1);
+        assert_int_equal(ev->status, TERN_ERR_PEER_LOST);
+        assert_int_equal(tern_ep_send(p.a.ep, 1, "x", 1, NULL), TERN_ERR_PEER_LOST);
+        tern_transport_close(p.a.tp);
+        tern_transport_close(p.b.tp);
+        forget_events(&p.a);
+        forget_events(&p.b);
+    }
+
+    pair_t p = {0};
+    p.a.tp = open_ucx(0, &p.a, 0);
+    p.b.tp = open_ucx(1, &p.b, 0);
+    tern__ucx_fail_next_hello(p.a.tp, EAGAIN);
+    connect_pair(&p);
+    assert_int_equal(tern_ep_send(p.a.ep, 5, "hello", 6, NULL), TERN_OK);
+    PUMP(&p, count(&p.b, TERN_EVENT_RECV) >= 1, "the send on an unwatched endpoint");
+    assert_int_equal(nth(&p.b, TERN_EVENT_RECV, 0)->imm, 5);
+    assert_int_equal(count(&p.a, TERN_EVENT_ERROR), 0);
+    tern_transport_close(p.a.tp);
+    tern_transport_close(p.b.tp);
+    forget_events(&p.a);
+    forget_events(&p.b);
+}
+
 /* Closing a transport with ops in flight completes them with TERN_ERR_CANCELED
  * (and leaks nothing: the sanitizer run checks). */
 static void test_close_cancels(void **state)
@@ -1546,6 +1593,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_ep_destroy_cancels, setup, teardown),
         cmocka_unit_test_setup_teardown(test_peer_transport_closes, setup, teardown),
         cmocka_unit_test(test_peer_closes_before_accepting),
+        cmocka_unit_test(test_peer_gone_before_hello),
         cmocka_unit_test_setup_teardown(test_close_cancels, setup, teardown),
         cmocka_unit_test_setup_teardown(test_destroy_from_cancel_callback, setup, teardown),
         cmocka_unit_test(test_ep_destroy_backlog),

@@ -493,6 +493,7 @@ struct ucx_tp {
     struct ucx_mr *mr_by_id; /* our registrations, for the gets we serve */
     ucp_datatype_t reply_dt; /* a served get's reply payload, read as it goes (reply_pack) */
     bool has_reply_dt;
+    int hello_errno; /* tests: the next notice HELLO fails with it (tern__ucx_fail_next_hello) */
     link_t refusals;         /* gets and puts we refused, raised as events by drain */
     uint32_t refused_src, refused_token; /* the put refused last: its chunks raise one event */
     bool refused_any;
@@ -553,6 +554,15 @@ int tern__ucx_serves_rma(tern_ep_t *ep, size_t len)
     const ucx_ep_t *uep = to_ucx_ep(ep);
 
     return uep->tp->served_rma && !cma_takes(uep, len);
+}
+
+/* Tests only: the next notice channel tp opens fails its HELLO with err, as
+ * a channel to a peer that went right after the connect does. */
+void tern__ucx_fail_next_hello(tern_transport_t *tp, int err);
+
+void tern__ucx_fail_next_hello(tern_transport_t *tp, int err)
+{
+    to_ucx_tp(tp)->hello_errno = err;
 }
 
 /* Tests only: how many UCX maps tp keeps (ucx_mr_reg's "Keeping maps"), and
@@ -2562,6 +2572,37 @@ static bool served_takes(const ucx_ep_t *ep, const ucx_rkey_t *rk,
     return ep->tp->served_rma && rk->host && mem_type_of(params) == UCS_MEMORY_TYPE_HOST;
 }
 
+/* Whether err, from the connect or the HELLO of a notice channel, says the
+ * peer's transport is gone. Its listener's name goes with its process
+ * (refused, no such name); and a connect only queues the channel in the
+ * listener's backlog, so a peer that goes right after it resets the queued
+ * channel and the HELLO fails (a broken pipe, or a reset). The peer is then
+ * lost, not merely unreachable this way: with no channel, a peer on shared
+ * memory that is gone would never be heard of again (p2p_ucx_lost_noconn
+ * under the sanitizer once waited its 30 s for a receive from such a rank). */
+static bool notice_peer_gone(int err)
+{
+    return err == ECONNREFUSED || err == ENOENT || err == EPIPE || err == ECONNRESET ||
+           err == ENOTCONN;
+}
+
+/* The HELLO of a new channel; tests may make the next one fail with an errno
+ * of their choosing (tern__ucx_fail_next_hello). */
+static int notice_hello(ucx_tp_t *tp, int fd, const uint8_t *hello, size_t len)
+{
+    if (tp->hello_errno != 0) {
+        errno = tp->hello_errno;
+        tp->hello_errno = 0;
+        return -1;
+    }
+    ssize_t n = send(fd, hello, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n == (ssize_t)len)
+        return 0;
+    if (n >= 0)
+        errno = EMSGSIZE; /* a datagram goes whole or not at all */
+    return -1;
+}
+
 /* Connect ep's notice channel to the peer's listener and say which endpoint it is. */
 static void ep_notice_connect(ucx_ep_t *ep, uint32_t pid, uint64_t key)
 {
@@ -2574,18 +2615,16 @@ static void ep_notice_connect(ucx_ep_t *ep, uint32_t pid, uint64_t key)
     notice_fill(hello, NOTICE_HELLO, tp->base.self_id, ep->conn, 0, 0);
     ep->nwatch.kind = WATCH_EP;
     int rc = fd >= 0 ? connect(fd, (struct sockaddr *)&sa, len) : -1;
-    if (fd >= 0 && rc != 0 && (errno == ECONNREFUSED || errno == ENOENT)) {
-        /* The listener's name goes with its process: the peer is gone (it
-         * left before we ever spoke), not merely unreachable this way. */
+    if (rc == 0)
+        rc = notice_hello(tp, fd, hello, sizeof(hello));
+    if (fd >= 0 && rc != 0 && notice_peer_gone(errno)) {
         tern_debug("ucx: peer %u's notice listener is gone (%s): it is lost", ep->base.peer,
                    strerror(errno));
         close(fd);
         ep_mark_lost(ep, UCS_ERR_UNREACHABLE);
         return;
     }
-    if (fd < 0 || rc != 0 ||
-        send(fd, hello, sizeof(hello), MSG_NOSIGNAL | MSG_DONTWAIT) != (ssize_t)sizeof(hello) ||
-        watch_add(tp, fd, &ep->nwatch) != 0) {
+    if (fd < 0 || rc != 0 || watch_add(tp, fd, &ep->nwatch) != 0) {
         tern_debug("ucx: no notice channel to peer %u (%s): its failure goes undetected",
                    ep->base.peer, strerror(errno));
         if (fd >= 0)
