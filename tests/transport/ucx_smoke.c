@@ -179,11 +179,26 @@ static void connect_pair(pair_t *p)
     p->b.ep = connect_one(p->b.tp, p->a.tp, 0);
 }
 
+/* p's two transports (self ids 0 and 1), not yet connected. */
+static void open_pair(pair_t *p)
+{
+    p->a.tp = open_ucx(0, &p->a, 0);
+    p->b.tp = open_ucx(1, &p->b, 0);
+}
+
+/* Close what is still open of p and drop the events it kept. */
+static void close_pair(pair_t *p)
+{
+    tern_transport_close(p->a.tp);
+    tern_transport_close(p->b.tp);
+    forget_events(&p->a);
+    forget_events(&p->b);
+}
+
 static int setup(void **state)
 {
     pair_t *p = calloc(1, sizeof(*p));
-    p->a.tp = open_ucx(0, &p->a, 0);
-    p->b.tp = open_ucx(1, &p->b, 0);
+    open_pair(p);
     tern_transport_query(p->a.tp, &p->a.attr);
     tern_transport_query(p->b.tp, &p->b.attr);
     connect_pair(p);
@@ -194,10 +209,7 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     pair_t *p = *state;
-    tern_transport_close(p->a.tp);
-    tern_transport_close(p->b.tp);
-    forget_events(&p->a);
-    forget_events(&p->b);
+    close_pair(p);
     free(p);
     return 0;
 }
@@ -936,8 +948,7 @@ static void test_peer_closes_before_accepting(void **state)
     if (tls == NULL || strcmp(tls, "sm") != 0)
         skip(); /* peer failure by UCX itself: no notice channel */
     pair_t p = {0};
-    p.a.tp = open_ucx(0, &p.a, 0);
-    p.b.tp = open_ucx(1, &p.b, 0);
+    open_pair(&p);
     p.a.ep = connect_one(p.a.tp, p.b.tp, 1); /* b never progresses before it closes */
     tern_transport_close(p.b.tp);
     p.b.tp = NULL;
@@ -964,8 +975,7 @@ static void test_peer_gone_before_hello(void **state)
     static const int gone[] = {EPIPE, ECONNRESET};
     for (size_t i = 0; i < sizeof(gone) / sizeof(gone[0]); i++) {
         pair_t p = {0};
-        p.a.tp = open_ucx(0, &p.a, 0);
-        p.b.tp = open_ucx(1, &p.b, 0);
+        open_pair(&p);
         tern__ucx_fail_next_hello(p.a.tp, gone[i]);
         p.a.ep = connect_one(p.a.tp, p.b.tp, 1);
         PUMP(&p, count(&p.a, TERN_EVENT_ERROR) >= 1, "the loss event");
@@ -973,25 +983,18 @@ static void test_peer_gone_before_hello(void **state)
         assert_int_equal(ev->src, 1);
         assert_int_equal(ev->status, TERN_ERR_PEER_LOST);
         assert_int_equal(tern_ep_send(p.a.ep, 1, "x", 1, NULL), TERN_ERR_PEER_LOST);
-        tern_transport_close(p.a.tp);
-        tern_transport_close(p.b.tp);
-        forget_events(&p.a);
-        forget_events(&p.b);
+        close_pair(&p);
     }
 
     pair_t p = {0};
-    p.a.tp = open_ucx(0, &p.a, 0);
-    p.b.tp = open_ucx(1, &p.b, 0);
+    open_pair(&p);
     tern__ucx_fail_next_hello(p.a.tp, EAGAIN);
     connect_pair(&p);
     assert_int_equal(tern_ep_send(p.a.ep, 5, "hello", 6, NULL), TERN_OK);
     PUMP(&p, count(&p.b, TERN_EVENT_RECV) >= 1, "the send on an unwatched endpoint");
     assert_int_equal(nth(&p.b, TERN_EVENT_RECV, 0)->imm, 5);
     assert_int_equal(count(&p.a, TERN_EVENT_ERROR), 0);
-    tern_transport_close(p.a.tp);
-    tern_transport_close(p.b.tp);
-    forget_events(&p.a);
-    forget_events(&p.b);
+    close_pair(&p);
 }
 
 /* Closing a transport with ops in flight completes them with TERN_ERR_CANCELED
