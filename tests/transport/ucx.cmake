@@ -4,7 +4,7 @@
 # tern's notice channel), and sm once more with every put and get served through the
 # FIFO (TERN_UCX_CMA=0).
 tern_add_test(NAME test_ucx_smoke_tcp SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/ucx_smoke.c
-  LINK tern_transport tern_core LABELS transport ucx TIMEOUT 300 ENV UCX_TLS=tcp)
+  LINK tern_transport tern_core LABELS transport ucx threads TIMEOUT 300 ENV UCX_TLS=tcp)
 # The peer-close cases leave workers parked on sm (${parked}: CMakeLists.txt).
 tern_add_test(NAME test_ucx_smoke_sm SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/ucx_smoke.c
   LINK tern_transport tern_core LABELS transport ucx TIMEOUT 300 ENV UCX_TLS=sm ${parked})
