@@ -17,7 +17,7 @@ typedef enum field_type {
     FIELD_ENUM,     /* int64_t index into values "a|b|c" */
     FIELD_STRING,   /* char[size] */
     FIELD_DURATION, /* int64_t nanoseconds */
-    FIELD_SIZE,     /* uint64_t bytes */
+    FIELD_SIZE,     /* uint64_t bytes; with values "auto", also "auto" (TERN__SIZE_AUTO) */
 } field_type_t;
 
 typedef struct field {
@@ -29,7 +29,7 @@ typedef struct field {
     size_t offset;
     size_t size;       /* FIELD_STRING: buffer size */
     int64_t min, max;  /* FIELD_INT */
-    const char *values; /* FIELD_ENUM */
+    const char *values; /* FIELD_ENUM; FIELD_SIZE: "auto" if that is accepted */
 } field_t;
 
 #define OFF(member) offsetof(tern__config_t, member)
@@ -109,10 +109,10 @@ static const field_t fields[] = {
             "process_vm_readv/writev, as Open MPI's vader does, instead of twice through the "
             "shared-memory FIFO; smaller ones, and all with 0, are served by the target's tern "
             "through the FIFO (faster on some hosts: docs/transport-ucx.md)"},
-    {.name = "TERN_EAGER_LIMIT", .group = "tern", .type = FIELD_SIZE, .dflt = "16k",
-     .offset = OFF(eager_limit),
+    {.name = "TERN_EAGER_LIMIT", .group = "tern", .type = FIELD_SIZE, .dflt = "auto",
+     .values = "auto", .offset = OFF(eager_limit),
      .doc = "p2p messages up to this size go eagerly (one copy at the receiver); larger ones "
-            "by zero-copy rendezvous"},
+            "by zero-copy rendezvous; auto: the transport's (tcp 48k, ucx 16k)"},
     {.name = "TERN_UNEXPECTED_MAX", .group = "tern", .type = FIELD_SIZE, .dflt = "64M",
      .offset = OFF(unexpected_max),
      .doc = "memory for eager messages that arrive before their receive (past it senders "
@@ -388,6 +388,10 @@ static tern_status_t set_field(const field_t *f, const char *s, tern__config_t *
         return st;
     }
     case FIELD_SIZE:
+        if (f->values != NULL && strcmp(s, f->values) == 0) {
+            *(uint64_t *)base = TERN__SIZE_AUTO;
+            return TERN_OK;
+        }
         return tern__parse_size(s, (uint64_t *)base);
     case FIELD_STRING:
         if (strlen(s) >= f->size)
@@ -475,7 +479,7 @@ static const char *type_name(const field_t *f)
     case FIELD_DURATION:
         return "duration";
     case FIELD_SIZE:
-        return "size";
+        return f->values != NULL ? "size/auto" : "size";
     }
     return "?";
 }

@@ -12,6 +12,8 @@
 #include <tern/log.h>
 
 #define TERN__UNSET (-1)
+/* A size field set to "auto": whoever reads it decides (TERN_EAGER_LIMIT). */
+#define TERN__SIZE_AUTO UINT64_MAX
 
 /* What one launcher told us; TERN__UNSET where it said nothing. */
 typedef struct tern__launch_ids {
@@ -53,7 +55,7 @@ typedef struct tern__config {
     int64_t tcp_zcopy_mode; /* 0 auto, 1 always */
     uint64_t tcp_write_max;
     uint64_t ucx_cma;
-    uint64_t eager_limit;
+    uint64_t eager_limit; /* TERN__SIZE_AUTO: the transport's attr.eager_size */
     uint64_t unexpected_max;
     /* collectives: algorithm overrides (0 = auto; then each enum's order) */
     int64_t coll_algo_allreduce; /* auto|ring|rd|rabenseifner */

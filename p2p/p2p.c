@@ -1786,7 +1786,11 @@ tern_status_t tern__p2p_terms_take(tern__comm_t *comm, int r, const uint8_t *t)
 tern_status_t tern__p2p_init(tern__comm_t *comm)
 {
     const tern__config_t *cfg = tern__ctx_config(comm->ctx);
-    comm->eager_limit = eager_cap(comm, cfg->eager_limit, EAGER_LONG_HDR);
+    /* auto: the transport's, or the 16 KiB every provider used before it said. */
+    uint64_t eager = cfg->eager_limit;
+    if (eager == TERN__SIZE_AUTO)
+        eager = comm->attr.eager_size ? comm->attr.eager_size : (16u << 10);
+    comm->eager_limit = eager_cap(comm, eager, EAGER_LONG_HDR);
     comm->coll_eager_limit = eager_cap(comm, cfg->coll_eager_limit, EAGER_HDR_MAX);
     comm->rtr_on = cfg->coll_rtr && comm->attr.revokes_keys;
     comm->credit_per_peer = cfg->unexpected_max / comm->world;

@@ -125,6 +125,9 @@ typedef struct tern_transport_attr {
     size_t inline_prefix; /* bytes a tern_ep_send_inline buffer leaves in front of its
                              payload for the provider's header (at most TERN_INLINE_PREFIX_MAX) */
     size_t max_put;       /* largest single put or get */
+    size_t eager_size;    /* the largest message the provider delivers for less than a
+                             rendezvous's extra trips cost: the default of the p2p layer's
+                             eager limit (TERN_EAGER_LIMIT=auto); 0: no preference */
     size_t addr_len;      /* bytes of this transport's address */
     int busy_poll;
     int host_shm;         /* peers on this host are reached through shared memory, where a

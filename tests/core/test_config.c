@@ -40,6 +40,8 @@ static void test_defaults(void **state)
     assert_int_equal(cfg.threads, 0);
     assert_true(cfg.bind);
     assert_string_equal(cfg.affinity_device, "");
+    assert_true(cfg.eager_limit == TERN__SIZE_AUTO); /* the transport's, in tern__p2p_init */
+    assert_true(cfg.coll_eager_limit == 64 * 1024);
     for (int l = 0; l < TERN__LAUNCHER_COUNT; l++) {
         assert_int_equal(cfg.launch[l].rank, TERN__UNSET);
         assert_int_equal(cfg.launch[l].world_size, TERN__UNSET);
@@ -53,7 +55,7 @@ static void test_good_values(void **state)
                          "MASTER_ADDR", "node17", "MASTER_PORT", "1234",
                          "TERN_CONNECT_TIMEOUT", "250ms", "TERN_TIMEOUT", "2m",
                          "TERN_THREADS", "6", "TERN_BIND", "off", "TERN_AFFINITY_DEVICE", "mlx5_0",
-                         "PMI_SIZE", " 4 ", NULL};
+                         "PMI_SIZE", " 4 ", "TERN_EAGER_LIMIT", "32k", NULL};
     tern__config_t cfg;
     (void)state;
     assert_int_equal(load(&cfg, env), TERN_OK);
@@ -71,6 +73,7 @@ static void test_good_values(void **state)
     assert_int_equal(cfg.threads, 6);
     assert_false(cfg.bind);
     assert_string_equal(cfg.affinity_device, "mlx5_0");
+    assert_true(cfg.eager_limit == 32 * 1024);
 }
 
 /* Each bad value must fail, and the detail must name the variable. */
@@ -84,6 +87,8 @@ static void test_bad_values(void **state)
         {"TERN_CONNECT_TIMEOUT", "-5s"}, {"TERN_TIMEOUT", "ms"},
         {"TERN_THREADS", "100000"},      {"TERN_BIND", "maybe"},
         {"RANK", "99999999999999999999"}, {"SLURM_PROCID", "1.5"},
+        /* "auto" is a size only where the variable says so. */
+        {"TERN_EAGER_LIMIT", "automatic"}, {"TERN_COLL_EAGER_LIMIT", "auto"},
     };
     (void)state;
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {

@@ -59,6 +59,14 @@
 #define RXBUF_SIZE (64u << 10)
 #define MAX_SEND (1u << 20)          /* eager limit of tern_ep_send */
 #define TCP_INLINE 256u              /* attr.max_inline: a queued SEND this small is copied */
+/* attr.eager_size. A rendezvous costs two more trips through both kernels
+ * (ready-to-send, then the read's request) before the payload moves, about
+ * 15 us on loopback here; an eager message up to this size costs the
+ * receiver one copy of a few us instead, and still fits the receive buffer
+ * with its headers and one write of a segment (docs/p2p.md, "The eager
+ * limit"). Above 48 KiB the copies caught up with the trips on a host where
+ * copying was slow. */
+#define TCP_EAGER_SIZE (48u << 10)
 #define HELLO_LEN 20u                /* F_HELLO's payload */
 #define MAX_PUT ((size_t)1 << 40)    /* a single put or get */
 #define ADDR_MAGIC 0x54544350u       /* "TTCP" */
@@ -1820,6 +1828,7 @@ static tern_status_t tcp_open(const tern__tp_config_t *cfg, tern_transport_t **t
     t->base.attr.max_send = MAX_SEND;
     t->base.attr.max_inline = TCP_INLINE;
     t->base.attr.max_put = MAX_PUT;
+    t->base.attr.eager_size = TCP_EAGER_SIZE;
     t->base.attr.revokes_keys = 1;
     /* What the socket holds as configured; autotuned sockets (TERN_TCP_SOCKBUF
      * 0) start smaller, so the default's size bounds them too. */

@@ -106,6 +106,13 @@
  * on tcp and shared memory), so a send this size is already zero-copy at the
  * sender; above it the layers above use put/get rendezvous of their own. */
 #define MAX_SEND ((size_t)1 << 20)
+/* attr.eager_size. On shared memory a rendezvous's get is one copy (CMA, or
+ * the target's through the FIFO) where an eager message is copied through
+ * the FIFO at both ends: 48 KiB eager took longer than 16 KiB and rendezvous
+ * above it, in latency and in bandwidth (docs/p2p.md, "The eager limit").
+ * Over UCX's tcp a larger size shortens mid-size latency, but one provider
+ * may reach peers both ways. */
+#define UCX_EAGER_SIZE (16u << 10)
 /* UCP puts no limit on a put or get; this cap only keeps offset arithmetic far
  * from overflow. */
 #define MAX_PUT ((size_t)1 << 40)
@@ -4571,6 +4578,7 @@ static tern_status_t ucx_open(const tern__tp_config_t *cfg, tern_transport_t **t
     tp->base.attr.max_inline = MSG_INLINE; /* copied into the op (am_post) */
     tp->base.attr.inline_prefix = SHORT_HDR_LEN;
     tp->base.attr.max_put = MAX_PUT;
+    tp->base.attr.eager_size = UCX_EAGER_SIZE;
     tp->base.attr.addr_len = tp->addr_len;
     tern_debug("ucx: open on %s, address %zu bytes", tp->base.attr.device, tp->addr_len);
     *tp_out = &tp->base;
