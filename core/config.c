@@ -100,8 +100,8 @@ static const field_t fields[] = {
     {.name = "TERN_TCP_WRITE_MAX", .group = "tern", .type = FIELD_SIZE, .dflt = "64k",
      .offset = OFF(tcp_write_max),
      .doc = "tcp provider: the most one write or splice hands a socket, rounded down to whole "
-            "TCP segments (at least one): smaller writes stream, where a large one is pushed out "
-            "in bursts; 0: no limit"},
+            "TCP segments (at least one; a frame's last write also takes a tail under 8 KiB): "
+            "smaller writes stream, where a large one is pushed out in bursts; 0: no limit"},
     {.name = "TERN_UCX_CMA", .group = "tern", .type = FIELD_SIZE, .dflt = "256k",
      .offset = OFF(ucx_cma),
      .doc = "ucx provider: host-memory puts and gets at least this large to a peer process on "

@@ -697,6 +697,78 @@ static void test_many_outstanding_rma(void **state)
     region_free(&back);
 }
 
+/* Puts, gets and sends of mixed sizes posted back to back both ways, with
+ * nothing progressed in between, so that each side's queue holds frames of
+ * every kind and size at once: small and large, copied and (over tcp, above
+ * its splice threshold) spliced, requests and get replies. A provider that
+ * writes several queued frames at a time must keep each whole and in order. */
+static void test_mixed_queued_stream(void **state)
+{
+    pair_t *p = *state;
+    enum { N = 120, NSEND = 2 * N };
+    static const size_t lens[] = {1, 999, 70001, 13, 300000, 4096, 65543, 257, 131072, 77};
+    size_t off[N + 1];
+    off[0] = 0;
+    for (unsigned i = 0; i < N; i++)
+        off[i + 1] = off[i] + lens[i % (sizeof(lens) / sizeof(lens[0]))];
+    region_t local, remote, back, src;
+    region_make(p, &local, off[N], RW, 0);
+    region_make(p, &remote, off[N], RW, 1);
+    region_make(p, &back, off[N], RW, 0);
+    region_make(p, &src, off[N], RW | TERN_ACCESS_REMOTE_READ_HELD, 1);
+    fill(local.mem, off[N], 7);
+    fill(src.mem, off[N], 8);
+    static uint8_t sbuf[2][NSEND][3000];
+    counter_t c = {0};
+    tern_op_params_t put_op = cb_params(&c), get_op = cb_params(&c), send_op = cb_params(&c);
+    put_op.field_mask |= TERN_OP_PARAM_MR;
+    put_op.mr = local.mr;
+    get_op.field_mask |= TERN_OP_PARAM_MR;
+    get_op.mr = back.mr;
+    unsigned posts = 0, sends = 0;
+    for (unsigned i = 0; i < N; i++) {
+        const size_t len = off[i + 1] - off[i];
+        posted(tern_ep_put(p->a.ep, local.mem + off[i], len, tern_rkey_addr(remote.rkey) + off[i],
+                           remote.rkey, &put_op),
+               &c);
+        posted(tern_ep_get(p->a.ep, back.mem + off[i], len, tern_rkey_addr(src.rkey) + off[i],
+                           src.rkey, &get_op),
+               &c);
+        posts += 2;
+        /* sends both ways in between: a queued one waits behind the rest */
+        for (unsigned k = 0; k < 2 && sends < NSEND; k++, sends++) {
+            const size_t slen = (sends * 373) % 3000;
+            side_t *from = sends % 2 ? &p->b : &p->a;
+            uint8_t *buf = sbuf[sends % 2][sends];
+            fill(buf, slen, (uint8_t)sends);
+            posted(tern_ep_send(from->ep, tern_imm_make(TERN_IMM_P2P_EAGER, 0, 0, sends), buf,
+                                slen, &send_op),
+                   &c);
+            posts++;
+        }
+    }
+    PUMP_UNTIL(p, c.done == posts && p->a.nrecv + p->b.nrecv == sends, "a mixed stream");
+    assert_int_equal(c.failed, 0);
+    assert_true(check(remote.mem, off[N], 7));
+    assert_true(check(back.mem, off[N], 8));
+    /* each side's sends arrive in the order posted, whole */
+    side_t *to[2] = {&p->b, &p->a}; /* b receives a's (even) sends, a b's (odd) */
+    for (int s = 0; s < 2; s++) {
+        for (unsigned j = 0; j < to[s]->nrecv; j++) {
+            const unsigned want = s == 0 ? 2 * j : 2 * j + 1;
+            if (tern_imm_slot(to[s]->recv_imm[j]) != want ||
+                to[s]->recv_len[j] != (want * 373) % 3000 || !to[s]->recv_ok[j])
+                fail_msg("send %u arrived as slot %u, %zu bytes", want,
+                         tern_imm_slot(to[s]->recv_imm[j]), to[s]->recv_len[j]);
+        }
+    }
+    assert_int_equal(sends, NSEND);
+    region_free(&local);
+    region_free(&remote);
+    region_free(&back);
+    region_free(&src);
+}
+
 /* After a refusal the endpoint still carries traffic both ways. */
 static void expect_usable(pair_t *p)
 {
@@ -1834,6 +1906,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_put_get_every_size, setup, teardown),
         cmocka_unit_test_setup_teardown(test_put_with_immediate, setup, teardown),
         cmocka_unit_test_setup_teardown(test_many_outstanding_rma, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_mixed_queued_stream, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bad_keys_rejected, setup, teardown),
         cmocka_unit_test_setup_teardown(test_revoked_key, setup, teardown),
         cmocka_unit_test_setup_teardown(test_unmapped_region, setup, teardown),

@@ -68,6 +68,7 @@
  * copying was slow. */
 #define TCP_EAGER_SIZE (48u << 10)
 #define HELLO_LEN 20u                /* F_HELLO's payload */
+#define TX_TAIL_MIN (8u << 10)       /* a frame's last write takes a tail shorter than this along */
 #define MAX_PUT ((size_t)1 << 40)    /* a single put or get */
 #define ADDR_MAGIC 0x54544350u       /* "TTCP" */
 #define ADDR_VERSION 1
@@ -410,6 +411,17 @@ static size_t write_cap(conn_t *c)
     return c->write_max;
 }
 
+/* How much of the left bytes of a frame's write one call hands c's socket:
+ * write_cap, or all of them where what would stay behind is under
+ * TX_TAIL_MIN. A short tail left alone costs a call and a segment of its own
+ * for bytes that stream nothing: every 64 KiB put wrote 65,483 bytes, then
+ * 109 (docs/perf.md, "Thirtieth look"). */
+static size_t write_take(conn_t *c, size_t left)
+{
+    const size_t cap = write_cap(c);
+    return left > cap && left - cap < TX_TAIL_MIN ? left : cap;
+}
+
 /* The front of iov[0..iovcnt), at most max bytes of it, into out (which has
  * room for iovcnt entries); *len gets its bytes. Returns its entry count. */
 static int iov_front(struct iovec *out, const struct iovec *iov, int iovcnt, size_t max,
@@ -634,7 +646,7 @@ static int splice_payload(conn_t *c, txreq_t *r)
             iov_advance(v, 1, (size_t)n);
             c->in_pipe = (size_t)n;
         }
-        const size_t cap = write_cap(c);
+        const size_t cap = write_take(c, c->in_pipe + v->iov_len);
         ssize_t n = splice(c->pipe[0], NULL, c->fd, NULL, c->in_pipe < cap ? c->in_pipe : cap,
                            SPLICE_F_NONBLOCK | SPLICE_F_MOVE | (v->iov_len > 0 ? SPLICE_F_MORE : 0));
         if (n < 0 && errno == EINTR)
@@ -685,7 +697,9 @@ static int tx_some(conn_t *c, txreq_t *r)
         if (r->iov[0].iov_len > 0 || (cnt > 1 && r->iov[1].iov_len > 0)) {
             struct iovec part[2];
             size_t want;
-            int pc = iov_front(part, r->iov, cnt, write_cap(c), &want);
+            int pc = iov_front(part, r->iov, cnt,
+                               write_take(c, r->iov[0].iov_len + (cnt > 1 ? r->iov[1].iov_len : 0)),
+                               &want);
             const bool timed = r->zc_timed && !r->zcopy;
             const uint64_t t0 = timed ? tern_clock_ns() : 0;
             ssize_t n = send_iov(c->fd, part, pc, r->zcopy ? MSG_MORE : 0);
