@@ -492,6 +492,12 @@ static void zc_add(zc_cost_t *c, uint64_t ns, size_t n)
     }
 }
 
+/* ns a byte of c's sums; 0 before any */
+static double zc_rate(const zc_cost_t *c)
+{
+    return c->bytes > 0 ? c->ns / c->bytes : 0.0;
+}
+
 /* What a byte costs one way: writing it, plus reading it once both kinds have
  * been read here. */
 static double zc_cost(const zc_stats_t *z, int way)
@@ -531,9 +537,10 @@ static bool zc_pick(tcp_tp_t *t, size_t len)
     const int best = cost[other] * 17 < cost[z->best] * 16 ? other : z->best;
     if (best != z->best || z->try_gap == 0) {
         tern_debug("tcp: payloads of %zu bytes and up now %s (%.3f ns a byte spliced, %.3f "
-                   "copied)",
+                   "copied; written %.3f/%.3f, read %.3f/%.3f)",
                    t->zcopy_min, best == ZC_SPLICE ? "spliced" : "copied", cost[ZC_SPLICE],
-                   cost[ZC_COPY]);
+                   cost[ZC_COPY], zc_rate(&z->send[ZC_SPLICE]), zc_rate(&z->send[ZC_COPY]),
+                   zc_rate(&z->recv[ZC_SPLICE]), zc_rate(&z->recv[ZC_COPY]));
         z->best = best;
         z->try_gap = ZC_TRY_MIN;
         z->since_try = 0;
