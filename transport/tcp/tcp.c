@@ -411,8 +411,8 @@ static size_t write_cap(conn_t *c)
     return c->write_max;
 }
 
-/* How much of the left bytes of a frame's write one call hands c's socket:
- * write_cap, or all of them where what would stay behind is under
+/* How many of a frame's left bytes one call hands c's socket: write_cap,
+ * or all of them where what would stay behind is under
  * TX_TAIL_MIN. A short tail left alone costs a call and a segment of its own
  * for bytes that stream nothing: every 64 KiB put wrote 65,483 bytes, then
  * 109 (docs/perf.md, "Thirtieth look"). */
