@@ -700,8 +700,10 @@ static void test_many_outstanding_rma(void **state)
 /* Puts, gets and sends of mixed sizes posted back to back both ways, with
  * nothing progressed in between, so that each side's queue holds frames of
  * every kind and size at once: small and large, copied and (over tcp, above
- * its splice threshold) spliced, requests and get replies. A provider that
- * writes several queued frames at a time must keep each whole and in order. */
+ * its splice threshold) spliced, requests and get replies. Wherever a
+ * provider cuts its writes (over tcp a segment at a time, a frame's short
+ * tail taken along with its last), each frame must arrive whole and in
+ * order. */
 static void test_mixed_queued_stream(void **state)
 {
     pair_t *p = *state;

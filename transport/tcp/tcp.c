@@ -653,8 +653,8 @@ static int splice_payload(conn_t *c, txreq_t *r)
             iov_advance(v, 1, (size_t)n);
             c->in_pipe = (size_t)n;
         }
-        const size_t cap = write_take(c, c->in_pipe + v->iov_len);
-        ssize_t n = splice(c->pipe[0], NULL, c->fd, NULL, c->in_pipe < cap ? c->in_pipe : cap,
+        const size_t most = write_take(c, c->in_pipe + v->iov_len);
+        ssize_t n = splice(c->pipe[0], NULL, c->fd, NULL, c->in_pipe < most ? c->in_pipe : most,
                            SPLICE_F_NONBLOCK | SPLICE_F_MOVE | (v->iov_len > 0 ? SPLICE_F_MORE : 0));
         if (n < 0 && errno == EINTR)
             continue;
