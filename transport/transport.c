@@ -366,6 +366,11 @@ tern_status_t tern_ep_put(tern_ep_t *ep, const void *buf, size_t len, uint64_t r
     tern_status_t st = check_rma("tern_ep_put", ep, buf, len, rkey, params);
     if (st != TERN_OK)
         return st;
+    if ((params->field_mask & TERN_OP_PARAM_WAY) &&
+        ((int)params->way < (int)TERN_WAY_AUTO || (int)params->way > (int)TERN_WAY_REF))
+        return tern__error(TERN_ERR_INVALID_PARAM,
+                           "tern_ep_put: way %d is not TERN_WAY_AUTO, _COPY or _REF",
+                           (int)params->way);
     return ep->tp->ops->put(ep, buf, len, raddr, rkey, params);
 }
 
@@ -375,5 +380,9 @@ tern_status_t tern_ep_get(tern_ep_t *ep, void *buf, size_t len, uint64_t raddr, 
     tern_status_t st = check_rma("tern_ep_get", ep, buf, len, rkey, params);
     if (st != TERN_OK)
         return st;
+    if (params->field_mask & TERN_OP_PARAM_WAY)
+        return tern__error(TERN_ERR_INVALID_PARAM,
+                           "tern_ep_get: TERN_OP_PARAM_WAY is for puts (a reply goes the way its "
+                           "target chooses)");
     return ep->tp->ops->get(ep, buf, len, raddr, rkey, params);
 }

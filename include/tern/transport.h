@@ -262,7 +262,25 @@ enum tern_op_param_field {
     TERN_OP_PARAM_IMM = 1u << 1, /* put: raise TERN_EVENT_PUT_IMM with imm at the target */
     TERN_OP_PARAM_MR = 1u << 2,  /* the local buffer lies in mr (required by put/get, and by a
                                     send from device memory: without it the buffer is host memory) */
+    TERN_OP_PARAM_WAY = 1u << 3, /* put: how its payload leaves (way), where the provider can
+                                    do either */
 };
+
+/*
+ * How a put's payload leaves this side, for a caller that times what the
+ * provider cannot: a provider picks for itself by the costs of its own calls,
+ * and the work that follows a transfer (a collective's sum reading the buffer
+ * again, the segments' delivery outside the calls) is not among them
+ * (docs/transport.md, "Splice or copy, as measured"). Honoured by tcp in its
+ * auto mode for payloads of TERN_TCP_ZCOPY and up; everywhere else, and for
+ * smaller payloads, the provider's own way stands. Puts only: a get's reply
+ * is sent the way its target chooses.
+ */
+typedef enum tern_op_way {
+    TERN_WAY_AUTO = 0, /* the provider's choice */
+    TERN_WAY_COPY = 1, /* copied on this side (tcp: into the socket) */
+    TERN_WAY_REF = 2,  /* by reference to its pages (tcp: vmsplice and splice) */
+} tern_op_way_t;
 
 #define TERN_INLINE_PREFIX_MAX 64
 
@@ -272,6 +290,7 @@ typedef struct tern_op_params {
     void *cb_arg;
     uint32_t imm;
     tern_mr_t *mr;
+    tern_op_way_t way;
 } tern_op_params_t;
 
 /*

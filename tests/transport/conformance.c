@@ -1129,13 +1129,19 @@ void tern__tcp_zcopy_stats(tern_transport_t *tp, double written[2], double read[
 
 /* n puts (get 0) from local into remote, or gets (get 1) from remote into
  * local, of len bytes each, all posted at once by a; all must succeed. */
-static void rma_stream(pair_t *p, int get, region_t *local, region_t *remote, unsigned n,
-                       size_t len)
+/* n gets or puts of len bytes each from a, of local's start into remote's;
+ * a put goes the way given (TERN_WAY_AUTO: no TERN_OP_PARAM_WAY). */
+static void rma_stream_way(pair_t *p, int get, region_t *local, region_t *remote, unsigned n,
+                           size_t len, tern_op_way_t way)
 {
     counter_t c = {0};
     tern_op_params_t op = cb_params(&c);
     op.field_mask |= TERN_OP_PARAM_MR;
     op.mr = local->mr;
+    if (way != TERN_WAY_AUTO) {
+        op.field_mask |= TERN_OP_PARAM_WAY;
+        op.way = way;
+    }
     for (unsigned i = 0; i < n; i++) {
         uint8_t *mem = local->mem + (size_t)i * len;
         uint64_t raddr = tern_rkey_addr(remote->rkey) + (size_t)i * len;
@@ -1145,6 +1151,12 @@ static void rma_stream(pair_t *p, int get, region_t *local, region_t *remote, un
     }
     PUMP_UNTIL(p, c.done == n, get ? "a stream of gets" : "a stream of puts");
     assert_int_equal(c.failed, 0);
+}
+
+static void rma_stream(pair_t *p, int get, region_t *local, region_t *remote, unsigned n,
+                       size_t len)
+{
+    rma_stream_way(p, get, local, remote, n, len, TERN_WAY_AUTO);
 }
 
 static void test_zcopy_choice(void **state)
@@ -1205,6 +1217,64 @@ static void test_zcopy_choice(void **state)
     region_free(&local);
     region_free(&remote);
     region_free(&back);
+}
+
+/* A put's way (TERN_OP_PARAM_WAY): every provider delivers the bytes
+ * whichever is asked; tcp in auto mode writes each payload the way asked,
+ * over what it measured, and times it as any other. A way out of range, or
+ * one given to a get, is refused. */
+static void test_put_way(void **state)
+{
+    pair_t *p = *state;
+    enum { N = 8, LEN = 1 << 20 };
+    const bool tcp = strcmp(provider, "tcp") == 0;
+    const char *zc = getenv("TERN_TCP_ZCOPY"), *mode = getenv("TERN_TCP_ZCOPY_MODE");
+    const bool timed = tcp && (zc == NULL || strcmp(zc, "0") != 0) &&
+                       (mode == NULL || strcmp(mode, "auto") == 0);
+    region_t local, remote;
+    double written[2], read[2], cost[2];
+    bool splicing;
+    region_make(p, &local, (size_t)N * LEN, RW, 0);
+    region_make(p, &remote, (size_t)N * LEN, RW, 1);
+
+    const tern_op_way_t ways[2] = {TERN_WAY_COPY, TERN_WAY_REF};
+    for (int w = 0; w < 2; w++) {
+        double before[2] = {0, 0};
+        if (tcp)
+            tern__tcp_zcopy_stats(p->a.tp, before, read, cost, &splicing);
+        fill(local.mem, (size_t)N * LEN, (uint8_t)(7 + w));
+        rma_stream_way(p, 0, &local, &remote, N, LEN, ways[w]);
+        assert_true(check(remote.mem, (size_t)N * LEN, (uint8_t)(7 + w)));
+        if (!tcp)
+            continue;
+        tern__tcp_zcopy_stats(p->a.tp, written, read, cost, &splicing);
+        print_message("way %d: written %.0f/%.0f bytes (copied/spliced), before %.0f/%.0f\n",
+                      (int)ways[w], written[0], written[1], before[0], before[1]);
+        if (!timed) {
+            assert_true(written[0] == 0 && written[1] == 0);
+            continue;
+        }
+        /* all of it the way asked (a header rides with a copied payload) */
+        const int other = !w;
+        assert_true(written[w] - before[w] >= (double)N * LEN);
+        assert_true(written[other] == before[other]);
+    }
+
+    counter_t c = {0};
+    tern_op_params_t op = cb_params(&c);
+    op.field_mask |= TERN_OP_PARAM_MR | TERN_OP_PARAM_WAY;
+    op.mr = local.mr;
+    op.way = (tern_op_way_t)3;
+    assert_int_equal(tern_ep_put(p->a.ep, local.mem, LEN, tern_rkey_addr(remote.rkey), remote.rkey,
+                                 &op),
+                     TERN_ERR_INVALID_PARAM);
+    op.way = TERN_WAY_COPY;
+    assert_int_equal(tern_ep_get(p->a.ep, local.mem, LEN, tern_rkey_addr(remote.rkey), remote.rkey,
+                                 &op),
+                     TERN_ERR_INVALID_PARAM);
+    assert_int_equal(c.done, 0);
+    region_free(&local);
+    region_free(&remote);
 }
 
 /* ---- the peer goes away ---- */
@@ -1918,6 +1988,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_host_shm, setup, teardown),
         cmocka_unit_test_setup_teardown(test_rx_window_and_keys, setup, teardown),
         cmocka_unit_test_setup_teardown(test_zcopy_choice, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_put_way, setup, teardown),
         cmocka_unit_test_setup_teardown(test_peer_closes_mid_transfer, setup, teardown),
         cmocka_unit_test_setup_teardown(test_peer_closes_on_purpose, setup, teardown),
         cmocka_unit_test_setup_teardown(test_peer_closes_without_endpoint, setup_one_way, teardown),

@@ -177,6 +177,7 @@ typedef struct txreq {
     bool zcopy;          /* the payload goes by splice_payload() */
     bool zc_undecided;   /* eligible to be spliced: decided as its header goes (tx_some) */
     bool zc_timed;       /* TERN_TCP_ZCOPY_MODE=auto: its writes feed zc_stats_t */
+    uint8_t way;         /* F_PUT: the caller's tern_op_way_t, honoured in auto mode */
     uint8_t small[];     /* a small payload owned by the request: HELLO, an inline SEND */
 } txreq_t;
 
@@ -570,7 +571,11 @@ static void decide_zcopy(tcp_tp_t *t, txreq_t *r)
     r->zc_undecided = false;
     if (r->iovcnt < 2)
         return;
-    r->zcopy = zc_pick(t, r->iov[1].iov_len);
+    /* The caller's way stands over the measure in auto mode (zcopy_auto;
+     * TERN_TCP_ZCOPY_MODE=always is the operator's word), and is timed like
+     * any payload so that the sums stay current. */
+    r->zcopy = t->zcopy_auto && r->way != TERN_WAY_AUTO ? r->way == TERN_WAY_REF
+                                                        : zc_pick(t, r->iov[1].iov_len);
     r->zc_timed = t->zcopy_auto;
     if (r->zcopy)
         r->hdr[1] |= FLAG_SPLICED;
@@ -831,6 +836,8 @@ static tern_status_t post(conn_t *c, const frame_t *f, const void *payload, size
         return tern__error(TERN_ERR_NO_MEMORY, "tcp: no memory to queue a request");
     r->comp = tern__comp_of(params);
     choose_zcopy(c->tp, r, len);
+    if (f->type == F_PUT && (params->field_mask & TERN_OP_PARAM_WAY))
+        r->way = (uint8_t)params->way;
     r->get_buf = get_buf;
     r->get_size = f->type == F_GET ? f->size : 0;
     enqueue(c, r);
