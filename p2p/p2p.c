@@ -950,6 +950,10 @@ static void start_put(tern__comm_t *comm, tern_request_t *req, const rtr_t *e)
     tern_op_params_t op = {.field_mask = TERN_OP_PARAM_CB | TERN_OP_PARAM_MR | TERN_OP_PARAM_IMM,
                            .cb = put_done, .cb_arg = req, .mr = req->mr,
                            .imm = tern_imm_make(TERN_IMM_P2P_RNDV, 0, 0, (uint32_t)e->rid)};
+    if (req->way != TERN_WAY_AUTO) {
+        op.field_mask |= TERN_OP_PARAM_WAY;
+        op.way = (tern_op_way_t)req->way;
+    }
     req->seq = ++comm->sent[dst];
     req->ops++;
     comm->put_bytes[dst] += req->len;
@@ -1365,6 +1369,9 @@ tern_status_t tern__p2p_isend_locked(tern__comm_t *comm, uint32_t cid, const voi
     *req = (tern_request_t){.comm = comm, .kind = REQ_SEND, .cid = cid, .peer = dst, .tag = tag,
                             .shape = shape, .buf = (void *)buf, .len = len};
     req->info = (tern_msg_info_t){.source = dst, .tag = tag, .len = len};
+    req->way = flags & TERN__P2P_WAY_REF    ? TERN_WAY_REF
+               : flags & TERN__P2P_WAY_COPY ? TERN_WAY_COPY
+                                            : TERN_WAY_AUTO;
     if (eager_fits(comm, cid, len, dst)) {
         if ((st = send_eager(comm, cid, buf, len, dst, tag, shape, &req->seq)) != TERN_OK)
             goto fail;

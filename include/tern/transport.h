@@ -143,6 +143,9 @@ typedef struct tern_transport_attr {
                              and gets it serves, over UCX's tcp and on shared memory below
                              TERN_UCX_CMA, whose get replies also stop reading at the
                              dereg: docs/transport-ucx.md) */
+    size_t put_way_min;   /* puts of this many bytes and up go the way their caller names
+                             (TERN_OP_PARAM_WAY; tcp in its auto mode: TERN_TCP_ZCOPY);
+                             0: the provider picks alone */
 } tern_transport_attr_t;
 
 /*

@@ -1858,6 +1858,7 @@ static tern_status_t tcp_open(const tern__tp_config_t *cfg, tern_transport_t **t
     t->base.attr.max_put = MAX_PUT;
     t->base.attr.eager_size = TCP_EAGER_SIZE;
     t->base.attr.revokes_keys = 1;
+    t->base.attr.put_way_min = t->zcopy_auto ? t->zcopy_min : 0;
     /* What the socket holds as configured; autotuned sockets (TERN_TCP_SOCKBUF
      * 0) start smaller, so the default's size bounds them too. */
     t->base.attr.rx_window = t->sockbuf > 0 ? t->sockbuf : (size_t)4 << 20;

@@ -1,0 +1,75 @@
+/* collectives/way.h: the puts' way by the wall clock of whole calls. */
+#include "way.h"
+
+#include "core/log.h"
+
+/* The first 2 x 2 blocks: copied, by reference, copied, by reference. */
+#define SEED_CALLS (4u * TERN__WAY_BLOCK)
+
+double tern__way_mean(const tern__way_t *w, tern_op_way_t way)
+{
+    const int k = way == TERN_WAY_REF;
+    if (w->n[k] == 0)
+        return 0.0;
+    uint64_t sum = 0;
+    for (unsigned j = 0; j < w->n[k]; j++)
+        sum += w->ns[k][j];
+    return (double)sum / w->n[k];
+}
+
+static const char *way_name(tern_op_way_t way)
+{
+    return way == TERN_WAY_REF ? "by reference" : "copied";
+}
+
+/* Take the other way once it is faster by a sixteenth: two ways that cost
+ * the same would otherwise swap at every wobble. The first choice takes the
+ * faster outright. */
+static void choose(tern__way_t *w, uint64_t i)
+{
+    const double copy = tern__way_mean(w, TERN_WAY_COPY), ref = tern__way_mean(w, TERN_WAY_REF);
+    tern_op_way_t best = w->best;
+    if (copy > 0 && ref > 0) {
+        if (best == TERN_WAY_AUTO)
+            best = ref < copy ? TERN_WAY_REF : TERN_WAY_COPY;
+        else if (best == TERN_WAY_COPY && ref * 17 < copy * 16)
+            best = TERN_WAY_REF;
+        else if (best == TERN_WAY_REF && copy * 17 < ref * 16)
+            best = TERN_WAY_COPY;
+    } else if (best == TERN_WAY_AUTO) {
+        best = TERN_WAY_COPY; /* nothing timed (calls still in flight): the usual way */
+    }
+    if (best != w->best) {
+        tern_debug("coll: calls of signature %08x now put %s (%.1f us a call copied, %.1f by "
+                   "reference, call %llu)",
+                   (unsigned)w->shape, way_name(best), copy / 1e3, ref / 1e3,
+                   (unsigned long long)i);
+        w->best = best;
+        w->gap = TERN__WAY_GAP_MIN;
+    } else if (w->gap < TERN__WAY_GAP_MAX) {
+        w->gap *= 2;
+    }
+    w->try_at = i + w->gap;
+}
+
+tern_op_way_t tern__way_pick(tern__way_t *w, uint64_t i)
+{
+    if (i < SEED_CALLS)
+        return (i / TERN__WAY_BLOCK) % 2 == 0 ? TERN_WAY_COPY : TERN_WAY_REF;
+    if (i == SEED_CALLS || (w->best != TERN_WAY_AUTO && i == w->try_at + TERN__WAY_BLOCK))
+        choose(w, i);
+    if (i >= w->try_at && i < w->try_at + TERN__WAY_BLOCK)
+        return w->best == TERN_WAY_REF ? TERN_WAY_COPY : TERN_WAY_REF;
+    return w->best;
+}
+
+void tern__way_took(tern__way_t *w, uint64_t i, tern_op_way_t way, uint64_t ns)
+{
+    if (i == 0 || (way != TERN_WAY_COPY && way != TERN_WAY_REF))
+        return;
+    const int k = way == TERN_WAY_REF;
+    w->ns[k][w->at[k]] = ns;
+    w->at[k] = (w->at[k] + 1) % TERN__WAY_BLOCK;
+    if (w->n[k] < TERN__WAY_BLOCK)
+        w->n[k]++;
+}
