@@ -191,6 +191,8 @@ static tern__coll_t *coll_new(const call_t *k, tern_dtype_t dtype, tern_reduce_o
                     (uint64_t)(int64_t)algo};
     uint32_t h = sig_words(sig_name(k->name), v, sizeof(v) / sizeof(v[0]));
     c->shape = h != 0 ? h : 1;
+    const size_t way_min = k->g->comm->attr.put_way_min;
+    c->way_on = way_min > 0 && count != SIZE_MAX && count >= way_min / c->es;
     return c;
 }
 

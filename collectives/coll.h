@@ -26,8 +26,13 @@
 
 #include <tern/coll.h>
 
+#include "collectives/way.h"
 #include "p2p/comm.h"
 #include "tensor/reduce.h"
+
+/* Call signatures a group times the puts' way for at once (way.h); the one
+ * used longest ago gives its slot to a new one. */
+#define TERN__WAY_SLOTS 8
 
 typedef enum step_kind {
     STEP_SEND = 1,
@@ -62,6 +67,7 @@ struct tern_group {
     tern_status_t broken; /* sticky failure (TERN_OK while healthy) */
     char broken_detail[256];
     bool is_world;
+    tern__way_t ways[TERN__WAY_SLOTS]; /* under the comm lock (engine.c) */
 };
 
 typedef struct tern__coll {
@@ -96,6 +102,14 @@ typedef struct tern__coll {
     struct tern__coll *next; /* in the group state's list of collectives in flight */
     size_t es;           /* bytes of one element of dtype */
     tern__reduce_fn kernel; /* op on dtype, for steps too small for the pool */
+    /* The puts' way, where the transport takes one (attr.put_way_min): on
+     * for calls that big and alike on every member (api.c), then their
+     * signature's slot, this call's number in it, its way and its start. */
+    bool way_on;
+    tern__way_t *way_slot;
+    uint64_t way_i;
+    tern_op_way_t way;
+    uint64_t way_t0;
     /* Last, so that a new call clears only what comes before them: zeroing
      * the whole was a twentieth of a small all_reduce. Empty until set. */
     char detail[256];         /* why it failed */

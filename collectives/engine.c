@@ -421,6 +421,14 @@ static void prof_step(tern__coll_t *c, step_t *s, tern__prof_op_t *op)
 }
 
 /* Start a step whose inputs are ready. */
+/* The isend flag for c's way (0: the transport's own choice). */
+static unsigned way_flag(const tern__coll_t *c)
+{
+    return c->way == TERN_WAY_COPY ? TERN__P2P_WAY_COPY
+           : c->way == TERN_WAY_REF ? TERN__P2P_WAY_REF
+                                    : 0;
+}
+
 static void launch(tern__coll_t *c, step_t *s, hold_t *h)
 {
     tern__comm_t *comm = c->g->comm;
@@ -451,7 +459,7 @@ static void launch(tern__coll_t *c, step_t *s, hold_t *h)
         }
         if (st == TERN_OK && s->kind == STEP_SEND)
             st = tern__p2p_isend_locked(comm, c->g->cid, s->a, s->n, w, (int)wire_tag(c, s),
-                                        TERN__P2P_RTR, c->shape, &s->req);
+                                        TERN__P2P_RTR | way_flag(c), c->shape, &s->req);
         else if (st == TERN_OK)
             st = tern__p2p_irecv_locked(comm, c->g->cid, s->dst, s->n, w, (int)wire_tag(c, s),
                                         TERN__P2P_RTR, c->shape, &s->req);
@@ -568,6 +576,9 @@ static void finish(tern__coll_t *c, hold_t *h)
         }
     }
     atomic_fetch_sub(&comm->coll_active, 1);
+    /* Timed only while its slot still holds its signature. */
+    if (c->way_slot != NULL && c->failing == TERN_OK && c->way_slot->shape == c->shape)
+        tern__way_took(c->way_slot, c->way_i, c->way, tern_clock_ns() - c->way_t0);
     if (c->failing != TERN_OK && c->g->broken == TERN_OK) {
         c->g->broken = c->failing;
         snprintf(c->g->broken_detail, sizeof(c->g->broken_detail), "%s", c->detail);
@@ -732,6 +743,34 @@ void tern__coll_install_hooks(tern__comm_t *comm)
     comm->coll_free = free_hook;
 }
 
+/* The slot of c's signature on its group (lock held), or the one used
+ * longest ago, made over: every member makes the same calls in the same
+ * order, so they keep and drop the same slots. */
+static tern__way_t *way_slot(tern_group_t *g, uint32_t shape)
+{
+    tern__way_t *old = &g->ways[0]; /* a free slot was never used: used 0 */
+    for (int i = 0; i < TERN__WAY_SLOTS; i++) {
+        tern__way_t *w = &g->ways[i];
+        if (w->shape == shape)
+            return w;
+        if (w->used < old->used)
+            old = w;
+    }
+    *old = (tern__way_t){.shape = shape};
+    return old;
+}
+
+/* c's way by its signature's call count (lock held), and its start. */
+static void way_begin(tern__coll_t *c)
+{
+    tern__way_t *w = way_slot(c->g, c->shape);
+    w->used = (uint64_t)c->seq + 1;
+    c->way_slot = w;
+    c->way_i = w->calls++;
+    c->way = tern__way_pick(w, c->way_i);
+    c->way_t0 = tern_clock_ns();
+}
+
 tern_status_t tern__coll_start(tern__coll_t *c, tern_request_t **req)
 {
     tern__comm_t *comm = c->g->comm;
@@ -759,6 +798,8 @@ tern_status_t tern__coll_start(tern__coll_t *c, tern_request_t **req)
             n->status = TERN_OK;
         }
     }
+    if (c->way_on)
+        way_begin(c);
     c->next = cs->active;
     cs->active = c;
     atomic_fetch_add(&comm->coll_active, 1);
