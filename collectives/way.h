@@ -42,7 +42,7 @@ tern_op_way_t tern__way_pick(tern__way_t *w, uint64_t i);
  * registrations). */
 void tern__way_took(tern__way_t *w, uint64_t i, tern_op_way_t way, uint64_t ns);
 
-/* The mean of a way's last block, ns a call (0: none timed). */
-double tern__way_mean(const tern__way_t *w, tern_op_way_t way);
+/* The median of a way's last block, ns a call (0: none timed). */
+double tern__way_median(const tern__way_t *w, tern_op_way_t way);
 
 #endif
