@@ -420,7 +420,6 @@ static void prof_step(tern__coll_t *c, step_t *s, tern__prof_op_t *op)
     tern__req_prof_attach(s->req, op);
 }
 
-/* Start a step whose inputs are ready. */
 /* The isend flag for c's way (0: the transport's own choice). */
 static unsigned way_flag(const tern__coll_t *c)
 {
@@ -429,6 +428,7 @@ static unsigned way_flag(const tern__coll_t *c)
                                     : 0;
 }
 
+/* Start a step whose inputs are ready. */
 static void launch(tern__coll_t *c, step_t *s, hold_t *h)
 {
     tern__comm_t *comm = c->g->comm;

@@ -366,9 +366,10 @@ tern_status_t tern__p2p_irecv(tern__comm_t *comm, uint32_t cid, void *buf, size_
 #define TERN__P2P_EXACT 2u
 /* The same with the lock held (req not NULL): a collective posts a run of
  * them, and reaps what completed, in one hold of the lock. flags:
- * TERN__P2P_RTR or 0, and for a send TERN__P2P_WAY_COPY or _REF. shape: the call's signature (0: none); a message
- * whose two ends carry different ones fails with TERN_ERR_MISMATCH (a
- * rendezvous at both ends, an eager message at the receiver). */
+ * TERN__P2P_RTR or 0, and for a send TERN__P2P_WAY_COPY or _REF. shape: the
+ * call's signature (0: none); a message whose two ends carry different ones
+ * fails with TERN_ERR_MISMATCH (a rendezvous at both ends, an eager message
+ * at the receiver). */
 tern_status_t tern__p2p_isend_locked(tern__comm_t *comm, uint32_t cid, const void *buf,
                                      size_t len, int dst, int tag, unsigned flags, uint32_t shape,
                                      tern_request_t **req);

@@ -15,17 +15,22 @@ typedef struct {
     uint64_t ns[2];
 } costs_t;
 
+/* Call i picked and timed at the costs given; returns its way. */
+static tern_op_way_t call(tern__way_t *w, uint64_t i, costs_t c)
+{
+    tern_op_way_t way = tern__way_pick(w, i);
+    assert_true(way == TERN_WAY_COPY || way == TERN_WAY_REF);
+    tern__way_took(w, i, way, c.ns[way == TERN_WAY_REF]);
+    return way;
+}
+
 /* Calls from..to-1 picked and timed at the costs given; counts how many
  * went by reference. */
 static unsigned run(tern__way_t *w, uint64_t from, uint64_t to, costs_t c)
 {
     unsigned ref = 0;
-    for (uint64_t i = from; i < to; i++) {
-        tern_op_way_t way = tern__way_pick(w, i);
-        assert_true(way == TERN_WAY_COPY || way == TERN_WAY_REF);
-        ref += way == TERN_WAY_REF;
-        tern__way_took(w, i, way, c.ns[way == TERN_WAY_REF]);
-    }
+    for (uint64_t i = from; i < to; i++)
+        ref += call(w, i, c) == TERN_WAY_REF;
     return ref;
 }
 
@@ -53,16 +58,14 @@ static void test_follows_the_clock(void **state)
     const uint64_t seed = 4 * TERN__WAY_BLOCK;
     /* by reference faster: chosen after the seed */
     run(&w, 0, seed, (costs_t){{300, 200}});
-    assert_int_equal(tern__way_pick(&w, seed), TERN_WAY_REF);
-    tern__way_took(&w, seed, TERN_WAY_REF, 200);
+    assert_int_equal(call(&w, seed, (costs_t){{300, 200}}), TERN_WAY_REF);
     /* the first try of copying comes TERN__WAY_GAP_MIN calls on, one block long */
     assert_int_equal(w.try_at, seed + TERN__WAY_GAP_MIN);
     unsigned ref = run(&w, seed + 1, w.try_at + TERN__WAY_BLOCK, (costs_t){{300, 200}});
     assert_int_equal(ref, TERN__WAY_GAP_MIN - 1);
     /* the choice held: the next try twice as far */
     uint64_t i = seed + TERN__WAY_GAP_MIN + TERN__WAY_BLOCK;
-    assert_int_equal(tern__way_pick(&w, i), TERN_WAY_REF);
-    tern__way_took(&w, i, TERN_WAY_REF, 200);
+    assert_int_equal(call(&w, i, (costs_t){{300, 200}}), TERN_WAY_REF);
     assert_int_equal(w.try_at, i + 2 * TERN__WAY_GAP_MIN);
     /* the hour changes: copying is now twice as fast; the next try finds it */
     uint64_t end = w.try_at + TERN__WAY_BLOCK;
@@ -77,8 +80,7 @@ static void test_holds_within_a_sixteenth(void **state)
     (void)state;
     tern__way_t w = {.shape = 1};
     run(&w, 0, 4 * TERN__WAY_BLOCK, (costs_t){{100, 120}});
-    assert_int_equal(tern__way_pick(&w, 4 * TERN__WAY_BLOCK), TERN_WAY_COPY);
-    tern__way_took(&w, 4 * TERN__WAY_BLOCK, TERN_WAY_COPY, 100);
+    assert_int_equal(call(&w, 4 * TERN__WAY_BLOCK, (costs_t){{100, 120}}), TERN_WAY_COPY);
     /* by reference 4 % faster from here: not enough to swap */
     run(&w, 4 * TERN__WAY_BLOCK + 1, 5000, (costs_t){{100, 96}});
     assert_int_equal(w.best, TERN_WAY_COPY);
@@ -96,12 +98,12 @@ static void test_even_and_outliers(void **state)
     const uint64_t seed = 4 * TERN__WAY_BLOCK;
     run(&w, 0, seed, (costs_t){{100, 97}});
     assert_int_equal(tern__way_pick(&w, seed), TERN_WAY_COPY);
+    /* copying 100 us but for one call of 2 ms (call 9, in the second copied
+     * block); by reference 150 us */
     tern__way_t v = {.shape = 2};
-    for (uint64_t i = 0; i < seed; i++) {
-        tern_op_way_t way = tern__way_pick(&v, i);
-        /* copying 100 us but for one call of 2 ms; by reference 150 us */
-        tern__way_took(&v, i, way, way == TERN_WAY_REF ? 150 : i == 9 ? 2000 : 100);
-    }
+    run(&v, 0, 9, (costs_t){{100, 150}});
+    assert_int_equal(call(&v, 9, (costs_t){{2000, 150}}), TERN_WAY_COPY);
+    run(&v, 10, seed, (costs_t){{100, 150}});
     assert_true(tern__way_median(&v, TERN_WAY_COPY) == 100.0);
     assert_int_equal(tern__way_pick(&v, seed), TERN_WAY_COPY);
 }

@@ -1128,9 +1128,8 @@ void tern__tcp_zcopy_stats(tern_transport_t *tp, double written[2], double read[
                            double cost[2], bool *splicing);
 
 /* n puts (get 0) from local into remote, or gets (get 1) from remote into
- * local, of len bytes each, all posted at once by a; all must succeed. */
-/* n gets or puts of len bytes each from a, of local's start into remote's;
- * a put goes the way given (TERN_WAY_AUTO: no TERN_OP_PARAM_WAY). */
+ * local, of len bytes each, all posted at once by a; all must succeed. The
+ * puts go the way given (TERN_WAY_AUTO: no TERN_OP_PARAM_WAY). */
 static void rma_stream_way(pair_t *p, int get, region_t *local, region_t *remote, unsigned n,
                            size_t len, tern_op_way_t way)
 {
