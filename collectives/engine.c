@@ -206,11 +206,17 @@ static uint32_t wire_tag(const tern__coll_t *c, const step_t *s)
  * ranks waiting on it, or on ranks waiting on it, fail now with the first
  * cause instead of timing out one after another with less to say. Receivers
  * never pass it on.
+ *
+ * The group's rank 0 sends each choice of the puts' way (WAY: class COLL,
+ * slot 2; payload cid u32, signature u32, from u64, try_at u64, gap u32, way
+ * u32; way.h) to the other members, who take it at the same call.
  */
 #define MSG_ABORT 1u
 #define ABORT_HDR 12u
+#define MSG_WAY 2u
+#define WAY_LEN 32u
 
-static void abort_sent(void *arg, tern_status_t st)
+static void notice_sent(void *arg, tern_status_t st)
 {
     (void)st;
     free(arg);
@@ -233,10 +239,64 @@ static void send_abort(tern__coll_t *c)
         tern__put_le32(m + 4, c->seq);
         tern__put_le32(m + 8, (uint32_t)c->failing);
         memcpy(m + ABORT_HDR, c->detail, tlen);
-        tern_op_params_t op = {.field_mask = TERN_OP_PARAM_CB, .cb = abort_sent, .cb_arg = m};
+        tern_op_params_t op = {.field_mask = TERN_OP_PARAM_CB, .cb = notice_sent, .cb_arg = m};
         if (tern_ep_send(ep, tern_imm_make(TERN_IMM_COLL, 0, 0, MSG_ABORT), m, len, &op) !=
             TERN_INPROGRESS)
             free(m);
+    }
+}
+
+/* Lock held. */
+static void send_way(tern_group_t *g, const tern__way_t *w)
+{
+    tern__comm_t *comm = g->comm;
+    for (int r = 1; r < g->size; r++) {
+        int wr = g->world[r];
+        tern_ep_t *ep;
+        if (comm->peer_failed[wr] != TERN_OK || tern__comm_ep(comm, wr, &ep) != TERN_OK)
+            continue;
+        uint8_t *m = malloc(WAY_LEN);
+        if (m == NULL)
+            return; /* the members keep the way they have */
+        tern__put_le32(m, g->cid);
+        tern__put_le32(m + 4, w->shape);
+        tern__put_le64(m + 8, w->plan.from);
+        tern__put_le64(m + 16, w->plan.try_at);
+        tern__put_le32(m + 24, (uint32_t)w->plan.gap);
+        tern__put_le32(m + 28, (uint32_t)w->plan.best);
+        tern_op_params_t op = {.field_mask = TERN_OP_PARAM_CB, .cb = notice_sent, .cb_arg = m};
+        if (tern_ep_send(ep, tern_imm_make(TERN_IMM_COLL, 0, 0, MSG_WAY), m, WAY_LEN, &op) !=
+            TERN_INPROGRESS)
+            free(m);
+    }
+}
+
+/* A WAY from the group's rank 0 (lock held). A slot this member does not
+ * have (dropped, or its calls not started yet) takes no plan: it copies
+ * until the next one, which comes within TERN__WAY_GAP_MAX calls. */
+static void on_way(coll_state_t *cs, const tern_event_t *ev)
+{
+    const uint8_t *p = ev->data;
+    uint32_t cid = tern__get_le32(p), shape = tern__get_le32(p + 4);
+    tern__way_plan_t plan = {.from = tern__get_le64(p + 8),
+                             .try_at = tern__get_le64(p + 16),
+                             .gap = tern__get_le32(p + 24),
+                             .best = (tern_op_way_t)tern__get_le32(p + 28)};
+    tern_group_t *g = cs->world->cid == cid ? cs->world : NULL;
+    for (tern_group_t *x = cs->groups; g == NULL && x != NULL; x = x->next_live)
+        if (x->cid == cid)
+            g = x;
+    if (g == NULL || g->rank <= 0 || g->world[0] != (int)ev->src) {
+        tern_warn("collectives: dropped a choice of way from rank %u for group %" PRIu32
+                  ", which it does not lead here", ev->src, cid);
+        return;
+    }
+    for (int i = 0; i < TERN__WAY_SLOTS; i++) {
+        if (g->ways[i].shape == shape && shape != 0) {
+            if (!tern__way_follow(&g->ways[i], &plan))
+                tern_warn("collectives: dropped a malformed choice of way from rank %u", ev->src);
+            return;
+        }
     }
 }
 
@@ -244,6 +304,10 @@ void tern__coll_on_message(tern__comm_t *comm, const tern_event_t *ev, void *arg
 {
     coll_state_t *cs = arg;
     const uint8_t *p = ev->data;
+    if (ev->type == TERN_EVENT_RECV && tern_imm_slot(ev->imm) == MSG_WAY && ev->len == WAY_LEN) {
+        on_way(cs, ev);
+        return;
+    }
     if (ev->type != TERN_EVENT_RECV || tern_imm_slot(ev->imm) != MSG_ABORT || ev->len < ABORT_HDR) {
         if (ev->type == TERN_EVENT_RECV)
             tern_warn("collectives: dropped a malformed message from rank %u", ev->src);
@@ -767,7 +831,10 @@ static void way_begin(tern__coll_t *c)
     w->used = (uint64_t)c->seq + 1;
     c->way_slot = w;
     c->way_i = w->calls++;
-    c->way = tern__way_pick(w, c->way_i);
+    bool chose;
+    c->way = tern__way_pick(w, c->way_i, c->g->rank == 0, &chose);
+    if (chose)
+        send_way(c->g, w);
     c->way_t0 = tern_clock_ns();
 }
 

@@ -31,11 +31,9 @@ static const char *way_name(tern_op_way_t way)
 }
 
 /* Take the other way once it is faster by a sixteenth: two ways that cost
- * the same would otherwise swap at every wobble, and members, each timing
- * its own calls, would part where the two are even (in a 2-rank run one
- * took each at the first choice, 346 against 339 us and 357 against 359).
- * The first choice is copying unless by reference is faster by as much, so
- * that an even seed leaves every member copying. */
+ * the same would otherwise swap at every wobble. The first choice is copying
+ * unless by reference is faster by as much, so that an even seed stays
+ * copying. The choice takes effect TERN__WAY_LAG calls on (w->plan). */
 static void choose(tern__way_t *w, uint64_t i)
 {
     const double copy = tern__way_median(w, TERN_WAY_COPY), ref = tern__way_median(w, TERN_WAY_REF);
@@ -50,30 +48,64 @@ static void choose(tern__way_t *w, uint64_t i)
     } else if (best == TERN_WAY_AUTO) {
         best = TERN_WAY_COPY; /* nothing timed (calls still in flight): the usual way */
     }
+    uint64_t gap = w->gap;
     if (best != w->best) {
-        tern_debug("coll: calls of signature %08x now put %s (%.1f us a call copied, %.1f by "
-                   "reference, call %llu)",
-                   (unsigned)w->shape, way_name(best), copy / 1e3, ref / 1e3,
-                   (unsigned long long)i);
-        w->best = best;
-        w->gap = TERN__WAY_GAP_MIN;
-    } else if (w->gap < TERN__WAY_GAP_MAX) {
-        w->gap *= 2;
+        tern_debug("coll: calls of signature %08x: %.1f us a call copied, %.1f by reference at "
+                   "call %llu",
+                   (unsigned)w->shape, copy / 1e3, ref / 1e3, (unsigned long long)i);
+        gap = TERN__WAY_GAP_MIN;
+    } else if (gap < TERN__WAY_GAP_MAX) {
+        gap *= 2;
     }
-    w->try_at = i + w->gap;
+    w->plan = (tern__way_plan_t){
+        .from = i + TERN__WAY_LAG, .try_at = i + gap, .gap = gap, .best = best};
+    w->planned = true;
 }
 
-tern_op_way_t tern__way_pick(tern__way_t *w, uint64_t i)
+/* w->plan from call i on. */
+static void take_plan(tern__way_t *w, uint64_t i)
 {
+    if (w->plan.best != w->best)
+        tern_debug("coll: calls of signature %08x now put %s from call %llu",
+                   (unsigned)w->shape, way_name(w->plan.best), (unsigned long long)w->plan.from);
+    if (i > w->plan.from)
+        tern_debug("coll: the choice for calls of signature %08x from call %llu came at call %llu",
+                   (unsigned)w->shape, (unsigned long long)w->plan.from, (unsigned long long)i);
+    w->best = w->plan.best;
+    w->gap = w->plan.gap;
+    w->try_at = w->plan.try_at;
+    w->planned = false;
+}
+
+tern_op_way_t tern__way_pick(tern__way_t *w, uint64_t i, bool lead, bool *chose)
+{
+    *chose = false;
     if (i < SEED_CALLS)
         return (i / TERN__WAY_BLOCK) % 2 == 0 ? TERN_WAY_COPY : TERN_WAY_REF;
-    if (i == SEED_CALLS || (w->best != TERN_WAY_AUTO && i == w->try_at + TERN__WAY_BLOCK))
+    if (w->planned && i >= w->plan.from)
+        take_plan(w, i);
+    if (lead && !w->planned &&
+        (i == SEED_CALLS || (w->best != TERN_WAY_AUTO && i == w->try_at + TERN__WAY_BLOCK))) {
         choose(w, i);
-    if (i >= w->try_at && i < w->try_at + TERN__WAY_BLOCK)
+        *chose = true;
+    }
+    if (w->best != TERN_WAY_AUTO && i >= w->try_at && i < w->try_at + TERN__WAY_BLOCK)
         return w->best == TERN_WAY_REF ? TERN_WAY_COPY : TERN_WAY_REF;
-    return w->best;
+    return w->best == TERN_WAY_REF ? TERN_WAY_REF : TERN_WAY_COPY;
 }
 
+bool tern__way_follow(tern__way_t *w, const tern__way_plan_t *p)
+{
+    if ((p->best != TERN_WAY_COPY && p->best != TERN_WAY_REF) || p->gap < TERN__WAY_GAP_MIN ||
+        p->gap > TERN__WAY_GAP_MAX || p->from < SEED_CALLS + TERN__WAY_LAG ||
+        p->try_at != p->from - TERN__WAY_LAG + p->gap)
+        return false;
+    if (p->from <= w->plan.from)
+        return true; /* not newer than what this member has */
+    w->plan = *p;
+    w->planned = true;
+    return true;
+}
 void tern__way_took(tern__way_t *w, uint64_t i, tern_op_way_t way, uint64_t ns)
 {
     if (i == 0 || (way != TERN_WAY_COPY && way != TERN_WAY_REF))

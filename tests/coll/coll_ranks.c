@@ -39,6 +39,9 @@
  *            then a flood of eager sends to the rank with the least credit;
  *            no message is dropped, and sends wait for an offer that never
  *            comes only as a late receiver can make them (a few at most).
+ *   --way    over tcp: the group's rank 0 chooses how the puts go and every
+ *            member takes its choice at the same call, though their own
+ *            clocks say the opposite (test_way).
  */
 #include <ctype.h>
 #include <inttypes.h>
@@ -1973,6 +1976,83 @@ static void test_terms(void)
         printf("rank %d: %d sends waited for an offer (a late receiver)\n", rank, waits);
 }
 
+/* The choices of way the calling thread's calls logged ("calls of signature
+ * S now put W from call N"), as "W@N;" in order. */
+static char ways_seen[512];
+
+static void way_sink(tern_log_level_t level, int r, const char *msg, void *arg)
+{
+    (void)arg;
+    const char *at = strstr(msg, " now put ");
+    if (level == TERN_LOG_DEBUG && strncmp(msg, "coll: calls of signature ", 25) == 0 && at != NULL) {
+        const char *from = strstr(at, " from call ");
+        size_t used = strlen(ways_seen);
+        if (from != NULL)
+            snprintf(ways_seen + used, sizeof(ways_seen) - used, "%.*s@%s;",
+                     (int)(from - at - 9), at + 9, from + 11);
+    }
+    if (level <= TERN_LOG_WARN)
+        fprintf(stderr, "[tern %d %s] %s\n", r, tern_log_level_name(level), msg);
+}
+
+/*
+ * The puts' way over tcp (docs/collectives.md, "How the puts go"): the seed
+ * blocks (calls 0-3 and 8-11 copied, 4-7 and 12-15 by reference) are made to
+ * look opposite to rank 0 and to the others. The others sleep before
+ * starting each copied call, so rank 0's copied calls wait for them; rank 0
+ * sleeps before each by reference, so theirs wait for it. Rank 0 then
+ * chooses by reference, and every other member would choose copying on its
+ * own clock; each must take rank 0's choice, from call 16 + TERN__WAY_LAG
+ * (4), and any later one at the same call as rank 0. Run on the world and on
+ * the world reversed, whose rank 0 is the last world rank.
+ */
+static void test_way_on(tern_group_t *g)
+{
+    const int me = tern_group_rank(g), n = tern_group_size(g);
+    const size_t count = 64u << 10; /* 256 KiB of f32: puts, and above put_way_min */
+    float *in = xmalloc(count * sizeof(float)), *out = xmalloc(count * sizeof(float));
+    for (size_t i = 0; i < count; i++)
+        in[i] = (float)(tern_group_world_rank(g, me) + 1) * (float)(i % 7);
+    const float ranks_sum = (float)(n * (n + 1) / 2);
+    ways_seen[0] = '\0';
+    tern_log_level_t was = tern_log_get_level();
+    tern_log_set_sink(way_sink, NULL);
+    tern_log_set_level(TERN_LOG_DEBUG);
+    for (int i = 0; i < 64; i++) {
+        bool by_ref = i < 16 && (i / 4) % 2 == 1;
+        if (i < 16 && by_ref == (me == 0))
+            usleep(3000);
+        OK(tern_all_reduce(g, in, out, count, TERN_DTYPE_F32, TERN_SUM, NULL));
+        for (size_t k = 0; k < count; k += 4099)
+            CHECK(out[k] == ranks_sum * (float)(k % 7), "call %d: element %zu is %g", i, k,
+                  (double)out[k]);
+    }
+    tern_log_set_level(was);
+    tern_log_set_sink(NULL, NULL);
+    CHECK(strncmp(ways_seen, "by reference@20;", 16) == 0,
+          "group rank %d took '%s', want by reference from call 20 first", me, ways_seen);
+    char mine[sizeof(ways_seen)] = {0};
+    memcpy(mine, ways_seen, strlen(ways_seen));
+    same_everywhere(g, mine, sizeof(mine), "the ways taken");
+    if (me == 0)
+        printf("group of %d led by world rank %d: %s\n", n, tern_group_world_rank(g, 0), mine);
+    free(in);
+    free(out);
+}
+
+static void test_way(void)
+{
+    test_way_on(W);
+    int rev[64];
+    CHECK(world <= 64, "at most 64 ranks");
+    for (int r = 0; r < world; r++)
+        rev[r] = world - 1 - r;
+    tern_group_t *g;
+    OK(tern_group_create(ctx, rev, (size_t)world, &g));
+    test_way_on(g);
+    tern_group_destroy(g);
+}
+
 int main(int argc, char **argv)
 {
     const char *mode = argc > 1 ? argv[1] : "";
@@ -1997,6 +2077,11 @@ int main(int argc, char **argv)
         return test_failure(true, 1u << 18, false); /* 1 MiB: messages above the eager limit */
     if (strcmp(mode, "--terms") == 0) {
         test_terms();
+        printf("rank %d ok (%lu checks)\n", rank, atomic_load(&checks));
+        return tern_finalize(ctx) == TERN_OK ? 0 : 1;
+    }
+    if (strcmp(mode, "--way") == 0) {
+        test_way();
         printf("rank %d ok (%lu checks)\n", rank, atomic_load(&checks));
         return tern_finalize(ctx) == TERN_OK ? 0 : 1;
     }
