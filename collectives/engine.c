@@ -286,7 +286,12 @@ static void on_way(coll_state_t *cs, const tern_event_t *ev)
     for (tern_group_t *x = cs->groups; g == NULL && x != NULL; x = x->next_live)
         if (x->cid == cid)
             g = x;
-    if (g == NULL || g->rank <= 0 || g->world[0] != (int)ev->src) {
+    if (g == NULL) { /* destroyed here after its last call */
+        tern_debug("collectives: a choice of way from rank %u for group %" PRIu32
+                   ", which this rank no longer has", ev->src, cid);
+        return;
+    }
+    if (g->rank <= 0 || g->world[0] != (int)ev->src) {
         tern_warn("collectives: dropped a choice of way from rank %u for group %" PRIu32
                   ", which it does not lead here", ev->src, cid);
         return;

@@ -98,7 +98,7 @@ bool tern__way_follow(tern__way_t *w, const tern__way_plan_t *p)
 {
     if ((p->best != TERN_WAY_COPY && p->best != TERN_WAY_REF) || p->gap < TERN__WAY_GAP_MIN ||
         p->gap > TERN__WAY_GAP_MAX || p->from < SEED_CALLS + TERN__WAY_LAG ||
-        p->try_at != p->from - TERN__WAY_LAG + p->gap)
+        p->from > UINT64_MAX - TERN__WAY_GAP_MAX || p->try_at != p->from - TERN__WAY_LAG + p->gap)
         return false;
     if (p->from <= w->plan.from)
         return true; /* not newer than what this member has */
@@ -106,6 +106,7 @@ bool tern__way_follow(tern__way_t *w, const tern__way_plan_t *p)
     w->planned = true;
     return true;
 }
+
 void tern__way_took(tern__way_t *w, uint64_t i, tern_op_way_t way, uint64_t ns)
 {
     if (i == 0 || (way != TERN_WAY_COPY && way != TERN_WAY_REF))

@@ -225,13 +225,14 @@ static void test_late_stale_and_bad_plans(void **state)
                           .try_at = made + TERN__WAY_GAP_MIN,
                           .gap = TERN__WAY_GAP_MIN,
                           .best = TERN_WAY_REF};
-    tern__way_plan_t bad[] = {p, p, p, p, p, p};
+    tern__way_plan_t bad[] = {p, p, p, p, p, p, p};
     bad[0].best = TERN_WAY_AUTO;
     bad[1].best = (tern_op_way_t)7;
     bad[2].gap = TERN__WAY_GAP_MIN / 2, bad[2].try_at = made + bad[2].gap;
     bad[3].gap = TERN__WAY_GAP_MAX * 2, bad[3].try_at = made + bad[3].gap;
     bad[4].try_at++;
     bad[5].from = bad[5].try_at = 0;
+    bad[6].from = UINT64_MAX - 1, bad[6].try_at = bad[6].from - TERN__WAY_LAG + bad[6].gap; /* wraps */
     for (size_t k = 0; k < sizeof(bad) / sizeof(bad[0]); k++) {
         assert_false(tern__way_follow(&m, &bad[k]));
         assert_false(m.planned);
