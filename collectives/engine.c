@@ -222,53 +222,51 @@ static void notice_sent(void *arg, tern_status_t st)
     free(arg);
 }
 
-/* Lock held. */
-static void send_abort(tern__coll_t *c)
+/* The other members of g get a copy of msg (len bytes) on the collectives'
+ * class, in slot `slot`; members lost or not reachable are skipped (lock
+ * held). */
+static void tell_members(tern_group_t *g, uint32_t slot, const uint8_t *msg, size_t len)
 {
-    tern__comm_t *comm = c->g->comm;
-    size_t tlen = strnlen(c->detail, sizeof(c->detail) - 1), len = ABORT_HDR + tlen;
-    for (int r = 0; r < c->g->size; r++) {
-        int w = c->g->world[r];
+    tern__comm_t *comm = g->comm;
+    for (int r = 0; r < g->size; r++) {
+        int w = g->world[r];
         tern_ep_t *ep;
-        if (r == c->g->rank || comm->peer_failed[w] != TERN_OK || tern__comm_ep(comm, w, &ep) != TERN_OK)
+        if (r == g->rank || comm->peer_failed[w] != TERN_OK || tern__comm_ep(comm, w, &ep) != TERN_OK)
             continue;
         uint8_t *m = malloc(len);
         if (m == NULL)
-            return;
-        tern__put_le32(m, c->g->cid);
-        tern__put_le32(m + 4, c->seq);
-        tern__put_le32(m + 8, (uint32_t)c->failing);
-        memcpy(m + ABORT_HDR, c->detail, tlen);
+            return; /* ABORT: they time out instead; WAY: they keep the way they have */
+        memcpy(m, msg, len);
         tern_op_params_t op = {.field_mask = TERN_OP_PARAM_CB, .cb = notice_sent, .cb_arg = m};
-        if (tern_ep_send(ep, tern_imm_make(TERN_IMM_COLL, 0, 0, MSG_ABORT), m, len, &op) !=
+        if (tern_ep_send(ep, tern_imm_make(TERN_IMM_COLL, 0, 0, slot), m, len, &op) !=
             TERN_INPROGRESS)
             free(m);
     }
 }
 
 /* Lock held. */
+static void send_abort(tern__coll_t *c)
+{
+    uint8_t m[ABORT_HDR + sizeof(c->detail)];
+    size_t tlen = strnlen(c->detail, sizeof(c->detail) - 1);
+    tern__put_le32(m, c->g->cid);
+    tern__put_le32(m + 4, c->seq);
+    tern__put_le32(m + 8, (uint32_t)c->failing);
+    memcpy(m + ABORT_HDR, c->detail, tlen);
+    tell_members(c->g, MSG_ABORT, m, ABORT_HDR + tlen);
+}
+
+/* Rank 0's choice in w->plan to the other members (lock held). */
 static void send_way(tern_group_t *g, const tern__way_t *w)
 {
-    tern__comm_t *comm = g->comm;
-    for (int r = 1; r < g->size; r++) {
-        int wr = g->world[r];
-        tern_ep_t *ep;
-        if (comm->peer_failed[wr] != TERN_OK || tern__comm_ep(comm, wr, &ep) != TERN_OK)
-            continue;
-        uint8_t *m = malloc(WAY_LEN);
-        if (m == NULL)
-            return; /* the members keep the way they have */
-        tern__put_le32(m, g->cid);
-        tern__put_le32(m + 4, w->shape);
-        tern__put_le64(m + 8, w->plan.from);
-        tern__put_le64(m + 16, w->plan.try_at);
-        tern__put_le32(m + 24, (uint32_t)w->plan.gap);
-        tern__put_le32(m + 28, (uint32_t)w->plan.best);
-        tern_op_params_t op = {.field_mask = TERN_OP_PARAM_CB, .cb = notice_sent, .cb_arg = m};
-        if (tern_ep_send(ep, tern_imm_make(TERN_IMM_COLL, 0, 0, MSG_WAY), m, WAY_LEN, &op) !=
-            TERN_INPROGRESS)
-            free(m);
-    }
+    uint8_t m[WAY_LEN];
+    tern__put_le32(m, g->cid);
+    tern__put_le32(m + 4, w->shape);
+    tern__put_le64(m + 8, w->plan.from);
+    tern__put_le64(m + 16, w->plan.try_at);
+    tern__put_le32(m + 24, (uint32_t)w->plan.gap);
+    tern__put_le32(m + 28, (uint32_t)w->plan.best);
+    tell_members(g, MSG_WAY, m, WAY_LEN);
 }
 
 /* A WAY from the group's rank 0 (lock held). A slot this member does not
