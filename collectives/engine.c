@@ -487,14 +487,6 @@ static void prof_step(tern__coll_t *c, step_t *s, tern__prof_op_t *op)
     tern__req_prof_attach(s->req, op);
 }
 
-/* The isend flag for c's way (0: the transport's own choice). */
-static unsigned way_flag(const tern__coll_t *c)
-{
-    return c->way == TERN_WAY_COPY ? TERN__P2P_WAY_COPY
-           : c->way == TERN_WAY_REF ? TERN__P2P_WAY_REF
-                                    : 0;
-}
-
 /* Start a step whose inputs are ready. */
 static void launch(tern__coll_t *c, step_t *s, hold_t *h)
 {
@@ -526,7 +518,7 @@ static void launch(tern__coll_t *c, step_t *s, hold_t *h)
         }
         if (st == TERN_OK && s->kind == STEP_SEND)
             st = tern__p2p_isend_locked(comm, c->g->cid, s->a, s->n, w, (int)wire_tag(c, s),
-                                        TERN__P2P_RTR | way_flag(c), c->shape, &s->req);
+                                        TERN__P2P_RTR | TERN__P2P_WAY(c->way), c->shape, &s->req);
         else if (st == TERN_OK)
             st = tern__p2p_irecv_locked(comm, c->g->cid, s->dst, s->n, w, (int)wire_tag(c, s),
                                         TERN__P2P_RTR, c->shape, &s->req);

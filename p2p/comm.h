@@ -64,7 +64,7 @@ struct tern_request {
     bool peer_withdrew;
     bool released;             /* the user has waited on it: free once ops is 0 */
     bool exact;                /* recv: a tensor's (TERN__P2P_EXACT): a shorter message fails it */
-    uint8_t way;               /* send: its put's tern_op_way_t (TERN__P2P_WAY_*) */
+    uint8_t way;               /* send: its put's tern_op_way_t (TERN__P2P_WAY) */
     void *coll;                /* REQ_COLL: the collective's state */
     uint64_t seq;              /* the message's number between its two ranks (0: none yet) */
     uint64_t *seq_out;         /* a blocking receive's: gets seq at completion */
@@ -357,16 +357,18 @@ tern_status_t tern__p2p_irecv(tern__comm_t *comm, uint32_t cid, void *buf, size_
  * names no wildcard: a receive above the collectives' eager limit offers its
  * buffer as it is posted, and the send writes into it (p2p.c). */
 #define TERN__P2P_RTR 1u
-/* A send's put goes copied, or by reference (tern_op_way_t), where the
- * transport takes a way (attr.put_way_min); neither: its own choice. */
-#define TERN__P2P_WAY_COPY 4u
-#define TERN__P2P_WAY_REF 8u
+/* A send's put goes the tern_op_way_t way in these two bits, where the
+ * transport takes a way (attr.put_way_min); TERN_WAY_AUTO (0): its own
+ * choice. */
+#define TERN__P2P_WAY_SHIFT 2
+#define TERN__P2P_WAY(way) ((unsigned)(way) << TERN__P2P_WAY_SHIFT)
+#define TERN__P2P_WAY_OF(flags) (((flags) >> TERN__P2P_WAY_SHIFT) & 3u)
 /* A receive into a tensor: only a message of exactly its capacity fills it;
  * a shorter one completes it with TERN_ERR_MISMATCH (tern__p2p_short). */
 #define TERN__P2P_EXACT 2u
 /* The same with the lock held (req not NULL): a collective posts a run of
  * them, and reaps what completed, in one hold of the lock. flags:
- * TERN__P2P_RTR or 0, and for a send TERN__P2P_WAY_COPY or _REF. shape: the
+ * TERN__P2P_RTR or 0, and for a send TERN__P2P_WAY(way). shape: the
  * call's signature (0: none); a message whose two ends carry different ones
  * fails with TERN_ERR_MISMATCH (a rendezvous at both ends, an eager message
  * at the receiver). */

@@ -1369,9 +1369,7 @@ tern_status_t tern__p2p_isend_locked(tern__comm_t *comm, uint32_t cid, const voi
     *req = (tern_request_t){.comm = comm, .kind = REQ_SEND, .cid = cid, .peer = dst, .tag = tag,
                             .shape = shape, .buf = (void *)buf, .len = len};
     req->info = (tern_msg_info_t){.source = dst, .tag = tag, .len = len};
-    req->way = flags & TERN__P2P_WAY_REF    ? TERN_WAY_REF
-               : flags & TERN__P2P_WAY_COPY ? TERN_WAY_COPY
-                                            : TERN_WAY_AUTO;
+    req->way = (uint8_t)TERN__P2P_WAY_OF(flags);
     if (eager_fits(comm, cid, len, dst)) {
         if ((st = send_eager(comm, cid, buf, len, dst, tag, shape, &req->seq)) != TERN_OK)
             goto fail;
