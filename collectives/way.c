@@ -37,7 +37,7 @@ static const char *way_name(tern_op_way_t way)
 static void choose(tern__way_t *w, uint64_t i)
 {
     const double copy = tern__way_median(w, TERN_WAY_COPY), ref = tern__way_median(w, TERN_WAY_REF);
-    tern_op_way_t best = w->best;
+    tern_op_way_t best = w->now.best;
     if (copy > 0 && ref > 0) {
         if (best == TERN_WAY_AUTO)
             best = ref * 17 < copy * 16 ? TERN_WAY_REF : TERN_WAY_COPY;
@@ -48,8 +48,8 @@ static void choose(tern__way_t *w, uint64_t i)
     } else if (best == TERN_WAY_AUTO) {
         best = TERN_WAY_COPY; /* nothing timed (calls still in flight): the usual way */
     }
-    uint64_t gap = w->gap;
-    if (best != w->best) {
+    uint64_t gap = w->now.gap;
+    if (best != w->now.best) {
         tern_debug("coll: calls of signature %08x: %.1f us a call copied, %.1f by reference at "
                    "call %llu",
                    (unsigned)w->shape, copy / 1e3, ref / 1e3, (unsigned long long)i);
@@ -65,15 +65,13 @@ static void choose(tern__way_t *w, uint64_t i)
 /* w->plan from call i on. */
 static void take_plan(tern__way_t *w, uint64_t i)
 {
-    if (w->plan.best != w->best)
+    if (w->plan.best != w->now.best)
         tern_debug("coll: calls of signature %08x now put %s from call %llu",
                    (unsigned)w->shape, way_name(w->plan.best), (unsigned long long)w->plan.from);
     if (i > w->plan.from)
         tern_debug("coll: the choice for calls of signature %08x from call %llu came at call %llu",
                    (unsigned)w->shape, (unsigned long long)w->plan.from, (unsigned long long)i);
-    w->best = w->plan.best;
-    w->gap = w->plan.gap;
-    w->try_at = w->plan.try_at;
+    w->now = w->plan;
     w->planned = false;
 }
 
@@ -84,14 +82,15 @@ tern_op_way_t tern__way_pick(tern__way_t *w, uint64_t i, bool lead, bool *chose)
         return (i / TERN__WAY_BLOCK) % 2 == 0 ? TERN_WAY_COPY : TERN_WAY_REF;
     if (w->planned && i >= w->plan.from)
         take_plan(w, i);
+    const tern__way_plan_t *n = &w->now;
     if (lead && !w->planned &&
-        (i == SEED_CALLS || (w->best != TERN_WAY_AUTO && i == w->try_at + TERN__WAY_BLOCK))) {
+        (i == SEED_CALLS || (n->best != TERN_WAY_AUTO && i == n->try_at + TERN__WAY_BLOCK))) {
         choose(w, i);
         *chose = true;
     }
-    if (w->best != TERN_WAY_AUTO && i >= w->try_at && i < w->try_at + TERN__WAY_BLOCK)
-        return w->best == TERN_WAY_REF ? TERN_WAY_COPY : TERN_WAY_REF;
-    return w->best == TERN_WAY_REF ? TERN_WAY_REF : TERN_WAY_COPY;
+    if (n->best != TERN_WAY_AUTO && i >= n->try_at && i < n->try_at + TERN__WAY_BLOCK)
+        return n->best == TERN_WAY_REF ? TERN_WAY_COPY : TERN_WAY_REF;
+    return n->best == TERN_WAY_REF ? TERN_WAY_REF : TERN_WAY_COPY;
 }
 
 bool tern__way_follow(tern__way_t *w, const tern__way_plan_t *p)

@@ -27,7 +27,8 @@
 #define TERN__WAY_GAP_MAX 4096u /* ... doubling up to this while the choice holds */
 #define TERN__WAY_LAG 4u        /* calls from a choice to the call it takes effect at */
 
-/* A choice: the way from call `from` on, and when the other is next tried. */
+/* A choice: the way from call `from` on, the call the other is next tried
+ * at (for a block), and the gap that put it there. */
 typedef struct tern__way_plan {
     uint64_t from;
     uint64_t try_at;
@@ -39,14 +40,12 @@ typedef struct tern__way {
     uint32_t shape;  /* the signature of the calls it times (0: unused) */
     uint64_t calls;  /* calls of that signature started on the group */
     uint64_t used;   /* the group's call number when last used (replacement) */
-    tern_op_way_t best; /* TERN_WAY_AUTO until the first choice */
-    uint64_t try_at; /* the call number the next try of the other way starts at */
-    uint64_t gap;
+    tern__way_plan_t now; /* the choice in effect (best TERN_WAY_AUTO until the first) */
     /* each way's last TERN__WAY_BLOCK call times, ns, as a ring: [way - 1] */
     uint64_t ns[2][TERN__WAY_BLOCK];
     unsigned n[2];   /* times in the ring (at most TERN__WAY_BLOCK) */
     unsigned at[2];  /* the ring's next slot */
-    tern__way_plan_t plan; /* the latest choice, taken at its call (from 0: none yet) */
+    tern__way_plan_t plan; /* the latest choice, to be `now` at its call (from 0: none yet) */
     bool planned;          /* plan is still to take effect */
 } tern__way_t;
 

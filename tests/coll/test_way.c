@@ -51,7 +51,7 @@ static void test_seed_in_blocks(void **state)
         /* the first call is left out, however long it took */
         tern__way_took(&w, i, want, i == 0 ? 1000000000ull : (want == TERN_WAY_COPY ? 100 : 200));
     }
-    assert_int_equal(w.best, TERN_WAY_AUTO);
+    assert_int_equal(w.now.best, TERN_WAY_AUTO);
     assert_true(tern__way_median(&w, TERN_WAY_COPY) == 100.0);
     assert_true(tern__way_median(&w, TERN_WAY_REF) == 200.0);
     bool chose;
@@ -79,8 +79,8 @@ static void test_follows_the_clock(void **state)
     assert_int_equal(run(&w, seed, seed + TERN__WAY_LAG, (costs_t){{300, 200}}), 0);
     assert_int_equal(call(&w, seed + TERN__WAY_LAG, (costs_t){{300, 200}}), TERN_WAY_REF);
     /* the first try of copying comes TERN__WAY_GAP_MIN calls after the choice, one block long */
-    assert_int_equal(w.try_at, seed + TERN__WAY_GAP_MIN);
-    unsigned ref = run(&w, seed + TERN__WAY_LAG + 1, w.try_at + TERN__WAY_BLOCK,
+    assert_int_equal(w.now.try_at, seed + TERN__WAY_GAP_MIN);
+    unsigned ref = run(&w, seed + TERN__WAY_LAG + 1, w.now.try_at + TERN__WAY_BLOCK,
                        (costs_t){{300, 200}});
     assert_int_equal(ref, TERN__WAY_GAP_MIN - TERN__WAY_LAG - 1);
     /* the choice held: the next try twice as far */
@@ -88,16 +88,16 @@ static void test_follows_the_clock(void **state)
     assert_int_equal(call(&w, i, (costs_t){{300, 200}}), TERN_WAY_REF);
     assert_int_equal(w.plan.try_at, i + 2 * TERN__WAY_GAP_MIN);
     run(&w, i + 1, i + TERN__WAY_LAG + 1, (costs_t){{300, 200}});
-    assert_int_equal(w.try_at, i + 2 * TERN__WAY_GAP_MIN);
+    assert_int_equal(w.now.try_at, i + 2 * TERN__WAY_GAP_MIN);
     /* the hour changes: copying is now twice as fast; the next try finds it */
-    uint64_t end = w.try_at + TERN__WAY_BLOCK;
+    uint64_t end = w.now.try_at + TERN__WAY_BLOCK;
     run(&w, i + TERN__WAY_LAG + 1, end, (costs_t){{100, 200}});
     assert_int_equal(pick(&w, end), TERN_WAY_REF);
     assert_int_equal(w.plan.best, TERN_WAY_COPY);
     run(&w, end + 1, end + TERN__WAY_LAG, (costs_t){{100, 200}});
     assert_int_equal(pick(&w, end + TERN__WAY_LAG), TERN_WAY_COPY);
-    assert_int_equal(w.best, TERN_WAY_COPY);
-    assert_int_equal(w.try_at, end + TERN__WAY_GAP_MIN);
+    assert_int_equal(w.now.best, TERN_WAY_COPY);
+    assert_int_equal(w.now.try_at, end + TERN__WAY_GAP_MIN);
 }
 
 static void test_holds_within_a_sixteenth(void **state)
@@ -107,13 +107,13 @@ static void test_holds_within_a_sixteenth(void **state)
     run(&w, 0, 4 * TERN__WAY_BLOCK + TERN__WAY_LAG, (costs_t){{100, 120}});
     assert_int_equal(call(&w, 4 * TERN__WAY_BLOCK + TERN__WAY_LAG, (costs_t){{100, 120}}),
                      TERN_WAY_COPY);
-    assert_int_equal(w.best, TERN_WAY_COPY);
+    assert_int_equal(w.now.best, TERN_WAY_COPY);
     /* by reference 4 % faster from here: not enough to swap */
     run(&w, 4 * TERN__WAY_BLOCK + TERN__WAY_LAG + 1, 5000, (costs_t){{100, 96}});
-    assert_int_equal(w.best, TERN_WAY_COPY);
+    assert_int_equal(w.now.best, TERN_WAY_COPY);
     /* 10 % faster is */
     run(&w, 5000, 20000, (costs_t){{100, 90}});
-    assert_int_equal(w.best, TERN_WAY_REF);
+    assert_int_equal(w.now.best, TERN_WAY_REF);
 }
 
 /* An even seed leaves every member copying; one slow call in a block does
@@ -143,8 +143,8 @@ static void test_tries_grow_sparse(void **state)
     tern__way_t w = {.shape = 1};
     const uint64_t n = 200000;
     unsigned ref = run(&w, 0, n, (costs_t){{100, 200}});
-    assert_int_equal(w.best, TERN_WAY_COPY);
-    assert_int_equal(w.gap, TERN__WAY_GAP_MAX);
+    assert_int_equal(w.now.best, TERN_WAY_COPY);
+    assert_int_equal(w.now.gap, TERN__WAY_GAP_MAX);
     /* the seed's two blocks, then one block per try: tries at gaps 32, 64,
      * ... 4096, then every 4096 */
     unsigned tries = 0;
@@ -197,14 +197,14 @@ static void test_members_take_the_same_calls(void **state)
             costs_t c = lead_costs(i);
             tern__way_took(&w, i, a, c.ns[a == TERN_WAY_REF]);
             tern__way_took(&m, i, b, c.ns[a != TERN_WAY_REF]); /* the opposite */
-            if (i >= 4 * TERN__WAY_BLOCK && w.best != last) {
+            if (i >= 4 * TERN__WAY_BLOCK && w.now.best != last) {
                 swaps++;
-                last = w.best;
+                last = w.now.best;
             }
         }
         /* by reference, copying, by reference: the leader's clock, not the member's */
         assert_int_equal(swaps, 3);
-        assert_int_equal(m.best, TERN_WAY_REF);
+        assert_int_equal(m.now.best, TERN_WAY_REF);
     }
 }
 
@@ -239,7 +239,7 @@ static void test_late_stale_and_bad_plans(void **state)
     }
     assert_true(tern__way_follow(&m, &p));
     assert_int_equal(tern__way_pick(&m, 40, false, &chose), TERN_WAY_REF);
-    assert_int_equal(m.try_at, made + TERN__WAY_GAP_MIN);
+    assert_int_equal(m.now.try_at, made + TERN__WAY_GAP_MIN);
     assert_int_equal(tern__way_pick(&m, 41, false, &chose), TERN_WAY_REF);
     /* the same plan again, or an older one: nothing changes */
     tern__way_plan_t older = p;
