@@ -269,6 +269,16 @@ static void send_way(tern_group_t *g, const tern__way_t *w)
     tell_members(g, MSG_WAY, m, WAY_LEN);
 }
 
+/* The slot g times calls of signature shape in (lock held), or NULL: none
+ * yet, or dropped for another. */
+static tern__way_t *way_find(tern_group_t *g, uint32_t shape)
+{
+    for (int i = 0; i < TERN__WAY_SLOTS; i++)
+        if (shape != 0 && g->ways[i].shape == shape) /* 0 marks a free slot */
+            return &g->ways[i];
+    return NULL;
+}
+
 /* A WAY from the group's rank 0 (lock held). A slot this member does not
  * have (dropped, or its calls not started yet) takes no plan: it copies
  * until the next one, which comes within TERN__WAY_GAP_MAX calls. */
@@ -294,13 +304,9 @@ static void on_way(coll_state_t *cs, const tern_event_t *ev)
                   ", which it does not lead here", ev->src, cid);
         return;
     }
-    for (int i = 0; i < TERN__WAY_SLOTS; i++) {
-        if (g->ways[i].shape == shape && shape != 0) {
-            if (!tern__way_follow(&g->ways[i], &plan))
-                tern_warn("collectives: dropped a malformed choice of way from rank %u", ev->src);
-            return;
-        }
-    }
+    tern__way_t *w = way_find(g, shape);
+    if (w != NULL && !tern__way_follow(w, &plan))
+        tern_warn("collectives: dropped a malformed choice of way from rank %u", ev->src);
 }
 
 void tern__coll_on_message(tern__comm_t *comm, const tern_event_t *ev, void *arg)
@@ -807,14 +813,13 @@ void tern__coll_install_hooks(tern__comm_t *comm)
  * order, so they keep and drop the same slots. */
 static tern__way_t *way_slot(tern_group_t *g, uint32_t shape)
 {
-    tern__way_t *old = &g->ways[0]; /* a free slot was never used: used 0 */
-    for (int i = 0; i < TERN__WAY_SLOTS; i++) {
-        tern__way_t *w = &g->ways[i];
-        if (w->shape == shape)
-            return w;
-        if (w->used < old->used)
-            old = w;
-    }
+    tern__way_t *old = way_find(g, shape);
+    if (old != NULL)
+        return old;
+    old = &g->ways[0]; /* a free slot was never used: used 0 */
+    for (int i = 1; i < TERN__WAY_SLOTS; i++)
+        if (g->ways[i].used < old->used)
+            old = &g->ways[i];
     *old = (tern__way_t){.shape = shape};
     return old;
 }
