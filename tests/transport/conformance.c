@@ -1158,15 +1158,21 @@ static void rma_stream(pair_t *p, int get, region_t *local, region_t *remote, un
     rma_stream_way(p, get, local, remote, n, len, TERN_WAY_AUTO);
 }
 
+/* Whether tcp splices payloads in TERN_TCP_ZCOPY_MODE `mode` (unset: auto)
+ * by this run's environment: TERN_TCP_ZCOPY=0 copies them all. */
+static bool zcopy_mode_is(const char *mode)
+{
+    const char *zc = getenv("TERN_TCP_ZCOPY"), *m = getenv("TERN_TCP_ZCOPY_MODE");
+    return (zc == NULL || strcmp(zc, "0") != 0) && strcmp(m != NULL ? m : "auto", mode) == 0;
+}
+
 static void test_zcopy_choice(void **state)
 {
     pair_t *p = *state;
     enum { N = 64, LEN = 1 << 20 };
     if (strcmp(provider, "tcp") != 0)
         skip();
-    const char *zc = getenv("TERN_TCP_ZCOPY"), *mode = getenv("TERN_TCP_ZCOPY_MODE");
-    const bool timed =
-        (zc == NULL || strcmp(zc, "0") != 0) && (mode == NULL || strcmp(mode, "auto") == 0);
+    const bool timed = zcopy_mode_is("auto");
     region_t local, remote, back;
     region_make(p, &local, (size_t)N * LEN, RW, 0);
     region_make(p, &remote, (size_t)N * LEN, RW | TERN_ACCESS_REMOTE_READ_HELD, 1);
@@ -1227,9 +1233,7 @@ static void test_put_way(void **state)
     pair_t *p = *state;
     enum { N = 8, LEN = 1 << 20 };
     const bool tcp = strcmp(provider, "tcp") == 0;
-    const char *zc = getenv("TERN_TCP_ZCOPY"), *mode = getenv("TERN_TCP_ZCOPY_MODE");
-    const bool timed = tcp && (zc == NULL || strcmp(zc, "0") != 0) &&
-                       (mode == NULL || strcmp(mode, "auto") == 0);
+    const bool timed = tcp && zcopy_mode_is("auto");
     region_t local, remote;
     double written[2], read[2], cost[2];
     bool splicing;
@@ -1894,9 +1898,7 @@ static void dereg_during_get(pair_t *p, int landed)
     assert_true(c.last == TERN_OK || c.last == TERN_ERR_ACCESS);
     if (landed && served) /* it reads no more, and says so */
         assert_int_equal(c.last, TERN_ERR_ACCESS);
-    const char *zcopy = getenv("TERN_TCP_ZCOPY"), *mode = getenv("TERN_TCP_ZCOPY_MODE");
-    const bool forced = mode != NULL && strcmp(mode, "always") == 0 &&
-                        (zcopy == NULL || strcmp(zcopy, "0") != 0);
+    const bool forced = zcopy_mode_is("always");
     if (c.last == TERN_OK && !forced)
         for (size_t i = 0; i < len; i++)
             if (local.mem[i] == 0xee)
